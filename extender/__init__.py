@@ -1,0 +1,1 @@
+"""kube-scheduler extender scoring nodes by image-cache presence."""

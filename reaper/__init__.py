@@ -1,0 +1,1 @@
+"""Reclaims sandboxes past their lease, idle, or stuck."""

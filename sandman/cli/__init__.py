@@ -1,0 +1,1 @@
+"""The `sandman` command line (also installed as the kubectl plugin)."""

@@ -1,0 +1,1 @@
+"""The local Kubernetes cluster Sandman runs on and is tested against."""

@@ -1,0 +1,64 @@
+"""Node objects for kwok's simulated nodes (pure manifests)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sandman.cluster.components import KWOK_NODE_ANNOTATION
+from sandman.cluster.config import KwokNodeShape
+
+KWOK_NODE_PREFIX = "kwok-node-"
+NODE_KIND_LABEL = "sandman.dev/node-kind"
+KWOK_NODE_SELECTOR = f"{NODE_KIND_LABEL}=kwok"
+
+
+def kwok_node_name(index: int) -> str:
+    return f"{KWOK_NODE_PREFIX}{index}"
+
+
+def kwok_node(
+    name: str,
+    shape: KwokNodeShape,
+    *,
+    images: list[dict[str, Any]] | None = None,
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """A Node that kwok will manage: it fills conditions and heartbeats.
+
+    ``status`` is kept on create (as for a registering kubelet), so capacity
+    and ``status.images`` chosen here are what the scheduler sees.
+    """
+    resources = {
+        "cpu": shape.cpu,
+        "memory": shape.memory,
+        "pods": str(shape.pods),
+        "ephemeral-storage": shape.ephemeral_storage,
+    }
+    status: dict[str, Any] = {"capacity": dict(resources), "allocatable": dict(resources)}
+    if images is not None:
+        status["images"] = images
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {KWOK_NODE_ANNOTATION: "fake"},
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "type": "kwok",
+                NODE_KIND_LABEL: "kwok",
+                **(labels or {}),
+            },
+        },
+        "spec": {},
+        "status": status,
+    }
+
+
+def is_ready(node: dict[str, Any]) -> bool:
+    for cond in (node.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready":
+            return cond.get("status") == "True"
+    return False

@@ -1,0 +1,329 @@
+"""The local cluster: start, health-wait, inspect and stop its components.
+
+``up`` is idempotent (running components are left alone, dead ones restarted);
+``down`` stops exactly the processes whose pid files it wrote. Each component
+logs to ``<state-dir>/logs/<name>.log``; a failure names the component and
+shows the tail of that log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fcntl
+import os
+import shutil
+import ssl
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from kubernetes.client import CoreV1Api
+from kubernetes.client.exceptions import ApiException
+
+from sandman.cluster import components as comp
+from sandman.cluster.binaries import Binaries, ensure_binaries
+from sandman.cluster.config import ClusterConfig
+from sandman.cluster.kwok_nodes import KWOK_NODE_SELECTOR, is_ready, kwok_node, kwok_node_name
+from sandman.cluster.pki import write_kubeconfig
+from sandman.cluster.process import ComponentFailed, ManagedProcess, wait_until
+from sandman.kube import api_client, raw
+
+Progress = Callable[[str], None]
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _insecure_ctx() -> ssl.SSLContext:
+    # Controller-manager and scheduler serve health on self-signed loopback
+    # certificates they generate at start; only reachability is checked.
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def _http_ok(url: str, ctx: ssl.SSLContext | None = None, timeout: float = 2.0) -> bool:
+    with urllib.request.urlopen(url, context=ctx, timeout=timeout) as resp:
+        return resp.status == 200
+
+
+@dataclass(frozen=True)
+class ComponentStatus:
+    name: str
+    pid: int | None
+    healthy: bool
+    log_file: Path
+
+
+@dataclass(frozen=True)
+class ClusterStatus:
+    state_dir: Path
+    kubeconfig: Path
+    server: str
+    components: list[ComponentStatus]
+    nodes_ready: int
+    nodes_total: int
+
+    @property
+    def running(self) -> bool:
+        return bool(self.components) and all(c.pid is not None for c in self.components)
+
+
+class LocalCluster:
+    """A control plane of upstream binaries on loopback, plus kwok nodes.
+
+    Not safe for concurrent use from several processes at once: ``up`` and
+    ``down`` take an exclusive lock on the state dir for that reason.
+    """
+
+    def __init__(
+        self,
+        config: ClusterConfig,
+        *,
+        binaries: Binaries | None = None,
+        progress: Progress = _stderr,
+    ) -> None:
+        self.config = config
+        self.layout = comp.Layout(config.state_dir)
+        self._binaries = binaries
+        self._progress = progress
+
+    @classmethod
+    def at(cls, state_dir: Path, progress: Progress = _stderr) -> LocalCluster:
+        """The cluster whose config was saved in ``state_dir`` by ``up``."""
+        cfg = ClusterConfig.load(state_dir)
+        if cfg is None:
+            raise FileNotFoundError(f"no cluster at {state_dir} (run `sandman cluster up`)")
+        return cls(cfg, progress=progress)
+
+    # -- paths -----------------------------------------------------------
+    @property
+    def kubeconfig(self) -> Path:
+        return self.layout.admin_kubeconfig
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.config.ports.apiserver}"
+
+    @property
+    def binaries(self) -> Binaries:
+        if self._binaries is None:
+            self._binaries = Binaries.in_cache(self.config.cache_dir, self.config.versions)
+        return self._binaries
+
+    # -- components ------------------------------------------------------
+    def _proc(
+        self, name: str, argv: list[str], env: dict[str, str] | None = None
+    ) -> ManagedProcess:
+        return ManagedProcess(
+            name=name, argv=tuple(argv), run_dir=self.layout.run, log_dir=self.layout.logs, env=env
+        )
+
+    def _schedulers(self) -> list[tuple[ManagedProcess, int]]:
+        lay, bins, cfg = self.layout, self.binaries, self.config
+        out = []
+        specs: list[tuple[str, int, tuple[comp.ExtenderSpec, ...]]] = [
+            ("default-scheduler", cfg.ports.scheduler, ())
+        ]
+        if cfg.sandman_scheduler:
+            specs.append((comp.SANDMAN_SCHEDULER, cfg.ports.sandman_scheduler, cfg.extenders))
+        for name, port, _extenders in specs:
+            conf = lay.config_dir / f"{name}.yaml"
+            proc_name = "kube-scheduler" if name == "default-scheduler" else name
+            out.append(
+                (
+                    self._proc(
+                        proc_name,
+                        comp.scheduler_argv(bins, lay, config_file=conf, port=port, name=proc_name),
+                    ),
+                    port,
+                )
+            )
+        return out
+
+    def processes(self) -> list[ManagedProcess]:
+        """Every component, in start order."""
+        lay, bins, cfg = self.layout, self.binaries, self.config
+        # kwok reads ~/.kwok/kwok.yaml when it exists; a private HOME keeps a
+        # user's kwok config out of this cluster.
+        kwok_env = dict(os.environ, HOME=str(lay.state_dir / "kwok-home"))
+        return [
+            self._proc("etcd", comp.etcd_argv(cfg, bins, lay)),
+            self._proc("kube-apiserver", comp.apiserver_argv(cfg, bins, lay)),
+            self._proc("kube-controller-manager", comp.controller_manager_argv(cfg, bins, lay)),
+            *(p for p, _ in self._schedulers()),
+            self._proc("kwok", comp.kwok_argv(cfg, bins, lay), env=kwok_env),
+        ]
+
+    def _health_checks(self) -> dict[str, Callable[[], bool]]:
+        ports = self.config.ports
+        api_ctx = ssl.create_default_context(cafile=str(self.layout.pki.ca))
+        ins = _insecure_ctx()
+        checks: dict[str, Callable[[], bool]] = {
+            "etcd": lambda: _http_ok(f"http://127.0.0.1:{ports.etcd_client}/health"),
+            "kube-apiserver": lambda: _http_ok(f"{self.server}/readyz", api_ctx),
+            "kube-controller-manager": lambda: _http_ok(
+                f"https://127.0.0.1:{ports.controller_manager}/healthz", ins
+            ),
+            "kwok": lambda: _http_ok(f"http://127.0.0.1:{ports.kwok}/healthz"),
+        }
+        for proc, port in self._schedulers():
+            checks[proc.name] = lambda port=port: _http_ok(f"https://127.0.0.1:{port}/healthz", ins)
+        return checks
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.config.state_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.config.state_dir / ".lock", "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            yield
+
+    # -- up --------------------------------------------------------------
+    def up(self) -> None:
+        t0 = time.monotonic()
+        with self._locked():
+            self._binaries = ensure_binaries(
+                self.config.cache_dir, self.config.versions, self._progress
+            )
+            self.config.save()
+            self._write_files()
+            checks = self._health_checks()
+            procs = {p.name: p for p in self.processes()}
+            # etcd, then the apiserver; the rest only need the apiserver and
+            # start together, which is most of a warm `up`'s speed.
+            for name in ("etcd", "kube-apiserver"):
+                self._start_and_wait(procs.pop(name), checks)
+            for p in procs.values():
+                p.start()
+            for p in procs.values():
+                self._wait_healthy(p, checks)
+            self._ensure_kwok_nodes()
+            self._wait_default_service_account()
+        self._progress(
+            f"cluster up in {time.monotonic() - t0:.1f}s: {self.config.kwok_nodes} kwok nodes; "
+            f"export KUBECONFIG={self.kubeconfig}"
+        )
+
+    def _write_files(self) -> None:
+        lay = self.layout
+        now = dt.datetime.now(dt.UTC)
+        lay.pki.ensure_control_plane(now, comp.service_ip())
+        for who, cert in (
+            ("admin", "admin"),
+            ("controller-manager", "controller-manager"),
+            ("scheduler", "scheduler"),
+            ("kwok", "kwok"),
+        ):
+            write_kubeconfig(
+                lay.kubeconfig(who), server=self.server, pki=lay.pki, cert=cert, user=who
+            )
+        for proc, _ in self._schedulers():
+            name = "default-scheduler" if proc.name == "kube-scheduler" else proc.name
+            extenders = self.config.extenders if name == comp.SANDMAN_SCHEDULER else ()
+            comp.write_yaml(
+                lay.config_dir / f"{name}.yaml",
+                comp.scheduler_config(name, lay.kubeconfig("scheduler"), extenders),
+            )
+
+    def _start_and_wait(self, proc: ManagedProcess, checks: dict[str, Callable[[], bool]]) -> None:
+        proc.start()
+        self._wait_healthy(proc, checks)
+
+    def _wait_healthy(self, proc: ManagedProcess, checks: dict[str, Callable[[], bool]]) -> None:
+        t = time.monotonic()
+        wait_until(proc, checks[proc.name], timeout_s=self.config.start_timeout_s, what="healthy")
+        self._progress(
+            f"  {proc.name:<24} healthy ({time.monotonic() - t:.1f}s) log: {proc.log_file}"
+        )
+
+    def core(self) -> CoreV1Api:
+        return CoreV1Api(api_client(self.kubeconfig))
+
+    def _ensure_kwok_nodes(self) -> None:
+        api = self.core()
+        want = {kwok_node_name(i) for i in range(self.config.kwok_nodes)}
+        have = {
+            n["metadata"]["name"]
+            for n in raw(api.list_node(label_selector=KWOK_NODE_SELECTOR, _preload_content=False))[
+                "items"
+            ]
+        }
+        for name in sorted(want - have):
+            api.create_node(kwok_node(name, self.config.kwok_node))
+        for name in sorted(have - want):
+            with contextlib.suppress(ApiException):
+                api.delete_node(name)
+        kwok = next(p for p in self.processes() if p.name == "kwok")
+
+        def all_ready() -> bool:
+            items = raw(api.list_node(label_selector=KWOK_NODE_SELECTOR, _preload_content=False))[
+                "items"
+            ]
+            return sum(is_ready(n) for n in items) >= len(want)
+
+        wait_until(
+            kwok, all_ready, timeout_s=self.config.start_timeout_s, what="reporting nodes Ready"
+        )
+        self._progress(f"  {len(want)} kwok nodes Ready")
+
+    def _wait_default_service_account(self) -> None:
+        # Pod admission rejects pods until the namespace's `default`
+        # ServiceAccount exists; callers right after `up` would race it.
+        api = self.core()
+        kcm = next(p for p in self.processes() if p.name == "kube-controller-manager")
+
+        def exists() -> bool:
+            api.read_namespaced_service_account("default", "default")
+            return True
+
+        wait_until(
+            kcm, exists, timeout_s=self.config.start_timeout_s, what="creating ServiceAccounts"
+        )
+
+    # -- down / status -----------------------------------------------------
+    def down(self, *, purge: bool = False) -> list[str]:
+        """Stop every component (reverse start order); optionally delete state."""
+        with self._locked():
+            stopped = [p.name for p in reversed(self.processes()) if p.stop()]
+            if purge:
+                for child in self.config.state_dir.iterdir():
+                    if child.name == ".lock":
+                        continue
+                    if child.is_dir() and not child.is_symlink():
+                        shutil.rmtree(child)
+                    else:
+                        child.unlink()
+        if purge:
+            shutil.rmtree(self.config.state_dir, ignore_errors=True)
+        return stopped
+
+    def status(self) -> ClusterStatus:
+        checks = self._health_checks()
+        comps = []
+        for p in self.processes():
+            pid = p.running_pid()
+            healthy = False
+            if pid is not None:
+                with contextlib.suppress(Exception):
+                    healthy = checks[p.name]()
+            comps.append(ComponentStatus(p.name, pid, healthy, p.log_file))
+        ready = total = 0
+        if any(c.name == "kube-apiserver" and c.healthy for c in comps):
+            with contextlib.suppress(Exception):
+                items = raw(self.core().list_node(_preload_content=False, _request_timeout=5))[
+                    "items"
+                ]
+                total = len(items)
+                ready = sum(is_ready(n) for n in items)
+        return ClusterStatus(
+            self.config.state_dir, self.kubeconfig, self.server, comps, ready, total
+        )
+
+
+__all__ = ["ClusterStatus", "ComponentFailed", "LocalCluster"]

@@ -1,0 +1,1 @@
+"""Mutating/validating admission webhook: daemon injection and sandbox policy."""
