@@ -1,0 +1,41 @@
+"""Printing and saving benchmark results (one shape for every benchmark)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100); NaN for no values."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def table(title: str, rows: Sequence[tuple[str, Any]]) -> str:
+    width = max(len(k) for k, _ in rows)
+    lines = [title, "-" * len(title)]
+    for k, v in rows:
+        shown = f"{v:.3f}" if isinstance(v, float) else str(v)
+        lines.append(f"{k:<{width}}  {shown}")
+    return "\n".join(lines)
+
+
+def write_json(path: Path, name: str, results: dict[str, Any]) -> None:
+    doc = {
+        "benchmark": name,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        **results,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
