@@ -84,6 +84,12 @@ def binary_sets(versions: Versions) -> list[BinarySet]:
         # etcd's main package is the server module itself.
         BinarySet("etcd", versions.etcd, (("go.etcd.io/etcd/server/v3", "etcd"),)),
         BinarySet("kwok", versions.kwok, (("sigs.k8s.io/kwok/cmd/kwok", "kwok"),)),
+        BinarySet(
+            "critools",
+            versions.critools,
+            (("sigs.k8s.io/cri-tools/cmd/crictl", "crictl"),),
+            f"-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version={versions.critools}",
+        ),
     ]
 
 
@@ -98,6 +104,7 @@ class Binaries:
     kubelet: Path
     kubectl: Path
     kwok: Path
+    crictl: Path
 
     @classmethod
     def in_cache(cls, cache_dir: Path, versions: Versions) -> Binaries:
@@ -110,6 +117,7 @@ class Binaries:
             kubelet=kube / "kubelet",
             kubectl=kube / "kubectl",
             kwok=cache_dir / "kwok" / versions.kwok / "bin" / "kwok",
+            crictl=cache_dir / "critools" / versions.critools / "bin" / "crictl",
         )
 
     def missing(self) -> list[Path]:

@@ -8,6 +8,7 @@ same ports and files without re-deriving them from flags.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import os
 import socket
@@ -21,6 +22,8 @@ from pathlib import Path
 KUBERNETES_VERSION = "v1.34.4"
 ETCD_VERSION = "v3.5.35"
 KWOK_VERSION = "v0.7.0"
+# crictl of the same minor as Kubernetes: the real node's teardown uses it.
+CRITOOLS_VERSION = "v1.34.0"
 
 # Kubernetes' own service range default; it and KWOK_POD_CIDR stay inside 10/8 so
 # nothing overlaps the host's 192.0.2.0/24. KWOK pod IPs are never routed: they
@@ -49,6 +52,7 @@ class Versions:
     kubernetes: str = KUBERNETES_VERSION
     etcd: str = ETCD_VERSION
     kwok: str = KWOK_VERSION
+    critools: str = CRITOOLS_VERSION
 
 
 @dataclass(frozen=True)
@@ -114,6 +118,36 @@ class ExtenderSpec:
 
 
 @dataclass(frozen=True)
+class RealNodeConfig:
+    """The one real node (kubelet + containerd) a cluster may have.
+
+    Host-global resources (the bridge, ports 5000/10250, the cgroup root) make
+    it one real node per machine; see ``sandman.cluster.realnode``.
+    """
+
+    enabled: bool = False
+    name: str = "sandman-node"
+    bridge: str = "sandman0"
+    # Pod network of the real node; 10.244/16 is the customary pod range and
+    # stays clear of the host's 192.0.2.0/24, the service and kwok ranges.
+    pod_cidr: str = "10.244.0.0/24"
+    registry_port: int = 5000
+    kubelet_port: int = 10250
+    kubelet_healthz_port: int = 10248
+    cgroup_root: str = "/sandman"
+    max_pods: int = 110
+
+    @property
+    def node_ip(self) -> str:
+        """The host's address on the pod bridge, also the node's InternalIP."""
+        return str(next(ipaddress.ip_network(self.pod_cidr).hosts()))
+
+    @property
+    def registry(self) -> str:
+        return f"127.0.0.1:{self.registry_port}"
+
+
+@dataclass(frozen=True)
 class ClusterConfig:
     state_dir: Path = field(default_factory=default_state_dir)
     cache_dir: Path = field(default_factory=default_cache_dir)
@@ -125,6 +159,7 @@ class ClusterConfig:
     # extender issue turns it on with its extender URL.
     sandman_scheduler: bool = False
     extenders: tuple[ExtenderSpec, ...] = ()
+    real_node: RealNodeConfig = field(default_factory=RealNodeConfig)
     # Seconds each component gets to become healthy before `up` fails.
     start_timeout_s: float = 60.0
 
@@ -150,6 +185,7 @@ class ClusterConfig:
             versions=Versions(**d["versions"]),
             sandman_scheduler=bool(d.get("sandman_scheduler", False)),
             extenders=tuple(ExtenderSpec(**e) for e in d.get("extenders", [])),
+            real_node=RealNodeConfig(**d.get("real_node", {})),
             start_timeout_s=float(d.get("start_timeout_s", 60.0)),
         )
 
