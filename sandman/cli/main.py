@@ -7,7 +7,7 @@ import logging
 import sys
 
 from sandman import __version__
-from sandman.cli import bench, cluster
+from sandman.cli import bench, cluster, image
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="cmd", required=True)
     cluster.add_parser(sub)
+    image.add_parser(sub)
     bench.add_parser(sub)
     return parser
 

@@ -1,0 +1,1 @@
+"""Container images built without Docker and pushed to the local registry."""
