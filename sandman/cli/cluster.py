@@ -10,8 +10,10 @@ from pathlib import Path
 
 from sandman.cluster.binaries import BuildError, ensure_binaries
 from sandman.cluster.config import ClusterConfig, KwokNodeShape, Ports, default_state_dir
+from sandman.cluster.hostsetup import HostSetupError
 from sandman.cluster.local import LocalCluster
 from sandman.cluster.process import ComponentFailed
+from sandman.images.build import ImageBuildError
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -33,6 +35,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     up.add_argument("--node-cpu", default=None, help="cpu capacity of each kwok node")
     up.add_argument("--node-memory", default=None, help="memory capacity of each kwok node")
     up.add_argument("--node-pods", type=int, default=None, help="pod capacity of each kwok node")
+    up.add_argument(
+        "--real-node",
+        action="store_true",
+        default=None,
+        help="add the real node (kubelet + containerd + local registry on 127.0.0.1:5000); "
+        "needs root; installs Debian packages it lacks",
+    )
     up.add_argument(
         "--free-ports",
         action="store_true",
@@ -72,7 +81,12 @@ def _config_from_args(args: argparse.Namespace) -> ClusterConfig:
         ephemeral_storage=shape.ephemeral_storage,
     )
     nodes = base.kwok_nodes if args.kwok_nodes is None else args.kwok_nodes
-    return dataclasses.replace(base, state_dir=state_dir, kwok_nodes=nodes, kwok_node=shape)
+    real = base.real_node
+    if args.real_node:
+        real = dataclasses.replace(real, enabled=True)
+    return dataclasses.replace(
+        base, state_dir=state_dir, kwok_nodes=nodes, kwok_node=shape, real_node=real
+    )
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -82,7 +96,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     except ComponentFailed as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    except BuildError as e:
+    except (BuildError, HostSetupError, ImageBuildError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(cluster.kubeconfig)

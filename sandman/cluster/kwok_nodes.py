@@ -11,6 +11,30 @@ KWOK_NODE_PREFIX = "kwok-node-"
 NODE_KIND_LABEL = "sandman.dev/node-kind"
 KWOK_NODE_SELECTOR = f"{NODE_KIND_LABEL}=kwok"
 
+# Simulated nodes run nothing; only pods that ask for them may land there
+# (kwok's own convention). Without the taint, a pod meant for the real node
+# could be "Running" on a kwok node while no container exists.
+KWOK_TAINT = {"key": KWOK_NODE_ANNOTATION, "value": "fake", "effect": "NoSchedule"}
+KWOK_TOLERATION = {
+    "key": KWOK_NODE_ANNOTATION,
+    "operator": "Equal",
+    "value": "fake",
+    "effect": "NoSchedule",
+}
+
+
+# kwok never pulls, but every image a test names points at the local registry,
+# so that no stray pod could ever reach for one on the internet.
+KWOK_IMAGE = "127.0.0.1:5000/sandman/tiny:1"
+
+
+def on_kwok(pod_spec: dict[str, Any]) -> dict[str, Any]:
+    """A pod spec that tolerates kwok nodes and is placed only on them."""
+    spec = dict(pod_spec)
+    spec["tolerations"] = [*spec.get("tolerations", []), KWOK_TOLERATION]
+    spec["nodeSelector"] = {**spec.get("nodeSelector", {}), NODE_KIND_LABEL: "kwok"}
+    return spec
+
 
 def kwok_node_name(index: int) -> str:
     return f"{KWOK_NODE_PREFIX}{index}"
@@ -52,7 +76,7 @@ def kwok_node(
                 **(labels or {}),
             },
         },
-        "spec": {},
+        "spec": {"taints": [KWOK_TAINT]},
         "status": status,
     }
 

@@ -28,8 +28,9 @@ from sandman.cluster import components as comp
 from sandman.cluster.binaries import Binaries, ensure_binaries
 from sandman.cluster.config import ClusterConfig
 from sandman.cluster.kwok_nodes import KWOK_NODE_SELECTOR, is_ready, kwok_node, kwok_node_name
+from sandman.cluster.node import RealNode
 from sandman.cluster.pki import write_kubeconfig
-from sandman.cluster.process import ComponentFailed, ManagedProcess, wait_until
+from sandman.cluster.process import ComponentFailed, ManagedProcess, wait_healthy, wait_until
 from sandman.kube import api_client, raw
 
 Progress = Callable[[str], None]
@@ -149,6 +150,12 @@ class LocalCluster:
 
     def processes(self) -> list[ManagedProcess]:
         """Every component, in start order."""
+        return [
+            *self._control_plane(),
+            *(self.real_node.processes() if self.real_node else []),
+        ]
+
+    def _control_plane(self) -> list[ManagedProcess]:
         lay, bins, cfg = self.layout, self.binaries, self.config
         # kwok reads ~/.kwok/kwok.yaml when it exists; a private HOME keeps a
         # user's kwok config out of this cluster.
@@ -160,6 +167,12 @@ class LocalCluster:
             *(p for p, _ in self._schedulers()),
             self._proc("kwok", comp.kwok_argv(cfg, bins, lay), env=kwok_env),
         ]
+
+    @property
+    def real_node(self) -> RealNode | None:
+        if not self.config.real_node.enabled:
+            return None
+        return RealNode(self.config, self.layout, self.binaries, self._progress)
 
     def _health_checks(self) -> dict[str, Callable[[], bool]]:
         ports = self.config.ports
@@ -175,6 +188,8 @@ class LocalCluster:
         }
         for proc, port in self._schedulers():
             checks[proc.name] = lambda port=port: _http_ok(f"https://127.0.0.1:{port}/healthz", ins)
+        if self.real_node:
+            checks.update(self.real_node.health_checks())
         return checks
 
     @contextlib.contextmanager
@@ -194,7 +209,7 @@ class LocalCluster:
             self.config.save()
             self._write_files()
             checks = self._health_checks()
-            procs = {p.name: p for p in self.processes()}
+            procs = {p.name: p for p in self._control_plane()}
             # etcd, then the apiserver; the rest only need the apiserver and
             # start together, which is most of a warm `up`'s speed.
             for name in ("etcd", "kube-apiserver"):
@@ -205,8 +220,13 @@ class LocalCluster:
                 self._wait_healthy(p, checks)
             self._ensure_kwok_nodes()
             self._wait_default_service_account()
+            if self.real_node:
+                self.real_node.up()
+        nodes = f"{self.config.kwok_nodes} kwok nodes"
+        if self.real_node:
+            nodes += f" + real node {self.config.real_node.name}"
         self._progress(
-            f"cluster up in {time.monotonic() - t0:.1f}s: {self.config.kwok_nodes} kwok nodes; "
+            f"cluster up in {time.monotonic() - t0:.1f}s: {nodes}; "
             f"export KUBECONFIG={self.kubeconfig}"
         )
 
@@ -236,10 +256,8 @@ class LocalCluster:
         self._wait_healthy(proc, checks)
 
     def _wait_healthy(self, proc: ManagedProcess, checks: dict[str, Callable[[], bool]]) -> None:
-        t = time.monotonic()
-        wait_until(proc, checks[proc.name], timeout_s=self.config.start_timeout_s, what="healthy")
-        self._progress(
-            f"  {proc.name:<24} healthy ({time.monotonic() - t:.1f}s) log: {proc.log_file}"
+        wait_healthy(
+            proc, checks[proc.name], timeout_s=self.config.start_timeout_s, progress=self._progress
         )
 
     def core(self) -> CoreV1Api:
@@ -290,7 +308,8 @@ class LocalCluster:
     def down(self, *, purge: bool = False) -> list[str]:
         """Stop every component (reverse start order); optionally delete state."""
         with self._locked():
-            stopped = [p.name for p in reversed(self.processes()) if p.stop()]
+            stopped = self.real_node.down() if self.real_node else []
+            stopped += [p.name for p in reversed(self._control_plane()) if p.stop()]
             if purge:
                 for child in self.config.state_dir.iterdir():
                     if child.name == ".lock":

@@ -200,3 +200,16 @@ def wait_until(
 
 def stop_all(procs: Sequence[ManagedProcess]) -> list[str]:
     return [p.name for p in procs if p.stop()]
+
+
+def wait_healthy(
+    proc: ManagedProcess,
+    check: Callable[[], bool],
+    *,
+    timeout_s: float,
+    progress: Callable[[str], None],
+) -> None:
+    """Wait for a started component's health check and report how long it took."""
+    t = time.monotonic()
+    wait_until(proc, check, timeout_s=timeout_s, what="healthy")
+    progress(f"  {proc.name:<24} healthy ({time.monotonic() - t:.1f}s) log: {proc.log_file}")

@@ -1,0 +1,236 @@
+"""The real node's lifecycle: registry, containerd, kubelet; clean teardown.
+
+Start order: registry (the pause image must be pullable before any pod) ->
+bridge and cgroup root -> containerd -> kubelet. Stop order matters more:
+the kubelet goes first (else it recreates the pods we remove), then every pod
+sandbox is stopped and removed through CRI (which runs CNI teardown, so
+netns, veths and IPAM leases go with it), then containerd, then leftover
+shims, mounts, cgroups and the bridge.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import ipaddress
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+from kubernetes.client import CoreV1Api
+
+from sandman.cluster import hostsetup
+from sandman.cluster import realnode as rn
+from sandman.cluster.binaries import Binaries
+from sandman.cluster.components import Layout, write_yaml
+from sandman.cluster.config import ClusterConfig
+from sandman.cluster.kwok_nodes import is_ready
+from sandman.cluster.pki import write_kubeconfig
+from sandman.cluster.process import ComponentFailed, ManagedProcess, wait_until
+from sandman.images.build import ImageBuilder
+from sandman.images.registry import Registry
+from sandman.kube import api_client, raw
+
+Progress = Callable[[str], None]
+
+
+def _socket_accepts(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(1)
+        s.connect(str(path))
+    return True
+
+
+def _http_ok(url: str) -> bool:
+    with urllib.request.urlopen(url, timeout=2) as resp:
+        return resp.status == 200
+
+
+class RealNode:
+    """One kubelet + containerd node of a local cluster (one per machine)."""
+
+    def __init__(
+        self, config: ClusterConfig, layout: Layout, binaries: Binaries, progress: Progress
+    ) -> None:
+        self.config = config
+        self.node = config.real_node
+        self.layout = layout
+        self.lay = rn.NodeLayout(layout.state_dir / "node")
+        self.binaries = binaries
+        self.progress = progress
+
+    @property
+    def registry(self) -> Registry:
+        return Registry(self.node.registry)
+
+    def _proc(self, name: str, argv: list[str], stop_timeout_s: float = 10.0) -> ManagedProcess:
+        return ManagedProcess(
+            name=name,
+            argv=tuple(argv),
+            run_dir=self.layout.run,
+            log_dir=self.layout.logs,
+            stop_timeout_s=stop_timeout_s,
+        )
+
+    def processes(self) -> list[ManagedProcess]:
+        return [
+            self._proc("registry", rn.registry_argv(self.lay)),
+            self._proc("containerd", rn.containerd_argv(self.lay)),
+            self._proc("kubelet", rn.kubelet_argv(self.binaries.kubelet, self.config, self.lay)),
+        ]
+
+    def health_checks(self) -> dict[str, Callable[[], bool]]:
+        return {
+            "registry": lambda: _http_ok(f"http://{self.node.registry}/v2/"),
+            "containerd": lambda: _socket_accepts(self.lay.containerd_socket),
+            "kubelet": lambda: _http_ok(
+                f"http://127.0.0.1:{self.node.kubelet_healthz_port}/healthz"
+            ),
+        }
+
+    # -- up -----------------------------------------------------------------
+    def conflict(self) -> str | None:
+        """Another cluster's real node on this machine, or None."""
+        procs = {p.name: p for p in self.processes()}
+        if procs["kubelet"].running_pid() is not None:
+            return None  # it is ours
+        if hostsetup.bridge_exists(self.node.bridge):
+            others = hostsetup.pids_with_arg("--hostname-override=" + self.node.name)
+            if others:
+                return f"bridge {self.node.bridge} and a kubelet (pid {others[0]}) already run"
+        with socket.socket() as s:
+            taken = s.connect_ex(("127.0.0.1", self.node.registry_port)) == 0
+        if taken and procs["registry"].running_pid() is None:
+            return f"port {self.node.registry_port} is taken by another process"
+        return None
+
+    def up(self, checks_out: dict[str, Callable[[], bool]] | None = None) -> None:
+        why = hostsetup.real_node_unsupported_reason()
+        if why:
+            raise hostsetup.HostSetupError(f"real node unsupported here: {why}")
+        clash = self.conflict()
+        if clash:
+            raise hostsetup.HostSetupError(
+                f"a real node is already running on this machine ({clash}); "
+                "one real node per machine: stop the other cluster first"
+            )
+        hostsetup.ensure_packages(self.progress)
+        self._write_files()
+        checks = self.health_checks()
+        procs = {p.name: p for p in self.processes()}
+        self._start_and_wait(procs["registry"], checks)
+        self._push_pause()
+        net = ipaddress.ip_network(self.node.pod_cidr)
+        hostsetup.ensure_bridge(self.node.bridge, self.node.node_ip, net.prefixlen)
+        hostsetup.ensure_cgroup_root(self.node.cgroup_root)
+        self._start_and_wait(procs["containerd"], checks)
+        self._start_and_wait(procs["kubelet"], checks)
+        self._wait_node_ready(procs["kubelet"])
+
+    def _start_and_wait(self, proc: ManagedProcess, checks: dict[str, Callable[[], bool]]) -> None:
+        t = time.monotonic()
+        proc.start()
+        wait_until(proc, checks[proc.name], timeout_s=self.config.start_timeout_s, what="healthy")
+        self.progress(
+            f"  {proc.name:<24} healthy ({time.monotonic() - t:.1f}s) log: {proc.log_file}"
+        )
+
+    def _write_files(self) -> None:
+        lay, node = self.lay, self.node
+        pki = self.layout.pki
+        now = dt.datetime.now(dt.UTC)
+        pki.ensure_cert(
+            "kubelet-client",
+            f"system:node:{node.name}",
+            now=now,
+            orgs=("system:nodes",),
+            client=True,
+        )
+        pki.ensure_cert(
+            "kubelet-serving",
+            f"system:node:{node.name}",
+            now=now,
+            dns=(node.name, "localhost"),
+            ips=(node.node_ip, "127.0.0.1"),
+            server=True,
+        )
+        write_kubeconfig(
+            lay.kubelet_kubeconfig,
+            server=f"https://127.0.0.1:{self.config.ports.apiserver}",
+            pki=pki,
+            cert="kubelet-client",
+            user=f"system:node:{node.name}",
+        )
+        for d in (
+            lay.containerd_dir,
+            lay.cni_conf_dir,
+            lay.cni_ipam_dir,
+            lay.kubelet_dir,
+            lay.registry_storage,
+        ):
+            d.mkdir(parents=True, exist_ok=True)
+        lay.containerd_config.write_text(rn.containerd_config(node, lay))
+        hosts = lay.registry_hosts_dir / node.registry / "hosts.toml"
+        hosts.parent.mkdir(parents=True, exist_ok=True)
+        hosts.write_text(rn.registry_hosts_toml(node))
+        (lay.cni_conf_dir / "10-sandman.conflist").write_text(
+            rn.to_json(rn.cni_conflist(node, lay))
+        )
+        write_yaml(lay.kubelet_config, rn.kubelet_config(self.config, lay, pki.dir))
+        write_yaml(lay.registry_config, rn.registry_config(node, lay))
+
+    def _push_pause(self) -> None:
+        builder = ImageBuilder(self.config.cache_dir, self.progress)
+        builder.build_and_push(rn.PAUSE_IMAGE, self.registry)
+
+    def _wait_node_ready(self, kubelet: ManagedProcess) -> None:
+        api = CoreV1Api(api_client(self.layout.admin_kubeconfig))
+
+        def ready() -> bool:
+            node = raw(api.read_node(self.node.name, _preload_content=False))
+            return is_ready(node)
+
+        wait_until(kubelet, ready, timeout_s=self.config.start_timeout_s, what="node Ready")
+        self.progress(f"  node {self.node.name} Ready (InternalIP {self.node.node_ip})")
+
+    # -- down ---------------------------------------------------------------
+    def down(self) -> list[str]:
+        procs = {p.name: p for p in self.processes()}
+        stopped = []
+        if procs["kubelet"].stop():
+            stopped.append("kubelet")
+        if procs["containerd"].running_pid() is not None:
+            self._remove_all_pods()
+        if procs["containerd"].stop():
+            stopped.append("containerd")
+        # Shims outlive containerd by design; ours carry our socket path.
+        hostsetup.kill_processes_with_arg(str(self.lay.containerd_socket))
+        if self.lay.root.exists():
+            hostsetup.unmount_under(self.lay.root)
+        left = hostsetup.remove_cgroup_root(self.node.cgroup_root)
+        if left:
+            self.progress(f"warning: cgroups still busy: {', '.join(left[:3])}")
+        if hostsetup.bridge_exists(self.node.bridge):
+            hostsetup.delete_bridge(self.node.bridge)
+        for d in (Path("/run/containerd/s"), Path("/run/containerd")):
+            with contextlib.suppress(OSError):
+                d.rmdir()  # only if empty: another containerd may use it
+        if procs["registry"].stop():
+            stopped.append("registry")
+        return stopped
+
+    def _remove_all_pods(self) -> None:
+        argv = rn.crictl_argv(self.binaries.crictl, self.lay, "rmp", "--force", "--all")
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0:
+            self.progress(f"warning: crictl rmp failed: {proc.stderr.strip()[-500:]}")
+
+    def crictl(self, *args: str) -> str:
+        argv = rn.crictl_argv(self.binaries.crictl, self.lay, *args)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        if proc.returncode != 0:
+            raise ComponentFailed(self.processes()[1], f"crictl {' '.join(args)}: {proc.stderr}")
+        return proc.stdout
