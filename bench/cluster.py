@@ -21,6 +21,7 @@ from kubernetes.client import CoreV1Api
 
 from sandman.bench.report import percentile, table
 from sandman.cluster.config import ClusterConfig, Ports
+from sandman.cluster.kwok_nodes import KWOK_IMAGE, on_kwok
 from sandman.cluster.local import LocalCluster
 from sandman.kube import api_client
 
@@ -82,7 +83,7 @@ def _create_and_wait(cluster: LocalCluster, n: int, concurrency: int) -> dict[st
             ns,
             {
                 "metadata": {"name": name},
-                "spec": {"containers": [{"name": "c", "image": "127.0.0.1:5000/tiny:1"}]},
+                "spec": on_kwok({"containers": [{"name": "c", "image": KWOK_IMAGE}]}),
             },
         )
 

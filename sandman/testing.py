@@ -9,22 +9,35 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import subprocess
 import tempfile
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
-from sandman.cluster.config import ClusterConfig, Ports
+from kubernetes.client import CoreV1Api
+
+from sandman.cluster.config import ClusterConfig, Ports, RealNodeConfig
+from sandman.cluster.hostsetup import bridge_exists, real_node_unsupported_reason
+from sandman.cluster.kwok_nodes import NODE_KIND_LABEL
 from sandman.cluster.local import LocalCluster
+from sandman.kube import raw
 
 # Point this at the state dir of a running cluster (e.g. the `make up` one) to
 # run tests against it instead of starting a private one.
 REUSE_ENV = "SANDMAN_TEST_CLUSTER"
 
+T = TypeVar("T")
+
 
 @dataclass
-class TestBed:
+class ClusterBed:
     cluster: LocalCluster
     owned: bool  # started by us, so ours to stop
+    # Why the e2e tier cannot run on this bed, or None when the real node is up.
+    no_real_node: str | None = None
 
     def close(self) -> None:
         if self.owned:
@@ -40,17 +53,38 @@ def cluster_unavailable_reason() -> str | None:
     return None
 
 
-def start_test_cluster(kwok_nodes: int = 3) -> TestBed:
+def real_node_reason_for_new_cluster() -> str | None:
+    """Why a new test cluster should not get the real node, or None."""
+    if os.environ.get("SANDMAN_TEST_REAL_NODE") == "0":
+        return "SANDMAN_TEST_REAL_NODE=0"
+    why = real_node_unsupported_reason()
+    if why:
+        return why
+    node = RealNodeConfig()
+    if bridge_exists(node.bridge):
+        return (
+            f"another cluster's real node runs on this machine (bridge {node.bridge}); "
+            f"point {REUSE_ENV} at that cluster's state dir to use it"
+        )
+    return None
+
+
+def start_test_cluster(kwok_nodes: int = 3) -> ClusterBed:
     reuse = os.environ.get(REUSE_ENV)
     if reuse:
         cluster = LocalCluster.at(Path(reuse).expanduser())
         st = cluster.status()
         if not st.running:
             raise RuntimeError(f"{REUSE_ENV}={reuse}: that cluster is not running")
-        return TestBed(cluster, owned=False)
+        no_real = None if cluster.real_node else f"the cluster at {reuse} has no real node"
+        return ClusterBed(cluster, owned=False, no_real_node=no_real)
+    no_real = real_node_reason_for_new_cluster()
     state = Path(tempfile.mkdtemp(prefix="sandman-test-cluster-"))
     cfg = dataclasses.replace(
-        ClusterConfig(state_dir=state), ports=Ports.free(), kwok_nodes=kwok_nodes
+        ClusterConfig(state_dir=state),
+        ports=Ports.free(),
+        kwok_nodes=kwok_nodes,
+        real_node=RealNodeConfig(enabled=no_real is None),
     )
     cluster = LocalCluster(cfg)
     try:
@@ -58,4 +92,55 @@ def start_test_cluster(kwok_nodes: int = 3) -> TestBed:
     except BaseException:
         cluster.down(purge=False)
         raise
-    return TestBed(cluster, owned=True)
+    return ClusterBed(cluster, owned=True, no_real_node=no_real)
+
+
+def kubectl(cluster: LocalCluster, *args: str, timeout: float = 60, check: bool = True) -> str:
+    """Run the cluster's own kubectl build; returns stdout."""
+    proc = subprocess.run(
+        [str(cluster.binaries.kubectl), f"--kubeconfig={cluster.kubeconfig}", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def wait_for(pred: Callable[[], T], *, timeout: float = 60.0, what: str = "condition") -> T:
+    """Poll ``pred`` until it returns something truthy (tests only)."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = pred()
+        if last:
+            return last
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last={last!r}")
+
+
+def real_pod(name: str, image: str, command: list[str] | None = None) -> dict[str, Any]:
+    """A pod for the real node (kwok nodes are tainted, the selector makes it explicit)."""
+    container: dict[str, Any] = {"name": "main", "image": image}
+    if command:
+        container["command"] = command
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {NODE_KIND_LABEL: "real"},
+            "terminationGracePeriodSeconds": 1,
+            "containers": [container],
+        },
+    }
+
+
+def wait_ready(core: CoreV1Api, ns: str, name: str, timeout: float = 120) -> dict[str, Any]:
+    """Wait until a pod reports Ready; returns the pod (plain JSON)."""
+
+    def ready() -> dict[str, Any] | None:
+        pod = raw(core.read_namespaced_pod(name, ns, _preload_content=False))
+        conds = {c["type"]: c["status"] for c in pod["status"].get("conditions", [])}
+        return pod if conds.get("Ready") == "True" else None
+
+    return wait_for(ready, timeout=timeout, what=f"pod {ns}/{name} Ready")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,8 +19,10 @@ from kubernetes.client import CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
 from sandman.cluster.local import LocalCluster
+from sandman.cluster.node import RealNode
+from sandman.images.build import ImageBuilder
 from sandman.kube import api_client
-from sandman.testing import TestBed, cluster_unavailable_reason, start_test_cluster
+from sandman.testing import ClusterBed, cluster_unavailable_reason, start_test_cluster
 
 TIERS = ("unit", "integration", "e2e")
 
@@ -37,7 +40,7 @@ _cluster_error: list[str] = []
 
 
 @pytest.fixture(scope="session")
-def testbed() -> Iterator[TestBed]:
+def testbed() -> Iterator[ClusterBed]:
     reason = cluster_unavailable_reason()
     if reason:
         pytest.skip(f"integration tier skipped: {reason}")
@@ -53,8 +56,23 @@ def testbed() -> Iterator[TestBed]:
 
 
 @pytest.fixture(scope="session")
-def cluster(testbed: TestBed) -> LocalCluster:
+def cluster(testbed: ClusterBed) -> LocalCluster:
     return testbed.cluster
+
+
+@pytest.fixture(scope="session")
+def real_node(testbed: ClusterBed) -> RealNode:
+    """The real node (kubelet + containerd); skips the test where there is none."""
+    if testbed.no_real_node or testbed.cluster.real_node is None:
+        pytest.skip(f"e2e tier skipped: no real node: {testbed.no_real_node}")
+    return testbed.cluster.real_node
+
+
+@pytest.fixture(scope="session")
+def images(real_node: RealNode, cluster: LocalCluster) -> dict[str, str]:
+    """Our test images, built (cached) and pushed to the node's registry: name -> ref."""
+    builder = ImageBuilder(cluster.config.cache_dir)
+    return {name: builder.build_and_push(name, real_node.registry).ref for name in ("tiny", "swe")}
 
 
 @pytest.fixture(scope="session")
@@ -66,7 +84,7 @@ def core(cluster: LocalCluster) -> CoreV1Api:
 def namespace(core: CoreV1Api, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh namespace per test, deleted afterwards (kept if the test failed
     and SANDMAN_KEEP_FAILED=1, for debugging)."""
-    base = request.node.name.lower().replace("_", "-")[:40].strip("-")
+    base = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower())[:40].strip("-")
     name = f"t-{base}-{uuid.uuid4().hex[:6]}"
     core.create_namespace({"metadata": {"name": name, "labels": {"sandman.dev/test": "true"}}})
     yield name

@@ -4,34 +4,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 
 from kubernetes.client import AppsV1Api, CoreV1Api
 
-from sandman.cluster.kwok_nodes import KWOK_NODE_SELECTOR, is_ready
+from sandman.cluster.kwok_nodes import KWOK_IMAGE, KWOK_NODE_SELECTOR, is_ready, on_kwok
 from sandman.cluster.local import LocalCluster
 from sandman.kube import api_client, raw
-
-
-def kubectl(cluster: LocalCluster, *args: str) -> str:
-    return subprocess.run(
-        [str(cluster.binaries.kubectl), f"--kubeconfig={cluster.kubeconfig}", *args],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    ).stdout
-
-
-def wait_for(pred, timeout: float = 60.0, what: str = "condition"):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = pred()
-        if last:
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last={last!r}")
+from sandman.testing import kubectl, wait_for
 
 
 def test_kubectl_lists_ready_kwok_nodes(cluster: LocalCluster) -> None:
@@ -65,7 +44,7 @@ def test_deployment_pods_are_scheduled_and_run(cluster: LocalCluster, namespace:
                 "selector": {"matchLabels": labels},
                 "template": {
                     "metadata": {"labels": labels},
-                    "spec": {"containers": [{"name": "c", "image": "127.0.0.1:5000/tiny:1"}]},
+                    "spec": on_kwok({"containers": [{"name": "c", "image": KWOK_IMAGE}]}),
                 },
             },
         },
@@ -92,7 +71,7 @@ def test_pod_from_python_client_runs(cluster: LocalCluster, namespace: str) -> N
         namespace,
         {
             "metadata": {"name": "solo"},
-            "spec": {"containers": [{"name": "c", "image": "127.0.0.1:5000/tiny:1"}]},
+            "spec": on_kwok({"containers": [{"name": "c", "image": KWOK_IMAGE}]}),
         },
     )
 

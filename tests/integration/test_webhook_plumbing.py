@@ -18,6 +18,7 @@ from aiohttp import web
 from kubernetes.client import AdmissionregistrationV1Api, CoreV1Api
 
 from sandman import tls
+from sandman.cluster.kwok_nodes import KWOK_IMAGE, on_kwok
 from sandman.cluster.local import LocalCluster
 from sandman.kube import api_client, raw
 
@@ -101,7 +102,7 @@ async def test_url_webhook_on_host_mutates_pod(cluster: LocalCluster, namespace:
         try:
             pod = {
                 "metadata": {"generateName": "p-", "labels": {"plumbing": "yes"}},
-                "spec": {"containers": [{"name": "c", "image": "127.0.0.1:5000/tiny:1"}]},
+                "spec": on_kwok({"containers": [{"name": "c", "image": KWOK_IMAGE}]}),
             }
             # Webhook configurations reach the apiserver's admission chain
             # through an informer: retry briefly until ours is in effect.
@@ -126,7 +127,7 @@ async def test_url_webhook_on_host_mutates_pod(cluster: LocalCluster, namespace:
                     namespace,
                     {
                         "metadata": {"name": "plain"},
-                        "spec": {"containers": [{"name": "c", "image": "127.0.0.1:5000/tiny:1"}]},
+                        "spec": on_kwok({"containers": [{"name": "c", "image": KWOK_IMAGE}]}),
                     },
                     _preload_content=False,
                 )

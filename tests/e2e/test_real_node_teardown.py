@@ -1,0 +1,60 @@
+"""`down` of the real node leaves nothing behind, and `up` brings it back.
+
+Runs against the session's own cluster (skipped on a reused one, which is
+somebody else's): the node is taken down with a pod running on it, checked for
+leftovers, and started again for whatever runs next.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from kubernetes.client import CoreV1Api
+
+from sandman.cluster import hostsetup
+from sandman.cluster.node import RealNode
+from sandman.testing import ClusterBed, real_pod, wait_for, wait_ready
+
+
+def netns_names() -> set[str]:
+    d = Path("/var/run/netns")
+    return {p.name for p in d.iterdir()} if d.exists() else set()
+
+
+def test_down_leaves_no_mounts_netns_veths_or_processes(
+    testbed: ClusterBed,
+    real_node: RealNode,
+    core: CoreV1Api,
+    namespace: str,
+    images: dict[str, str],
+) -> None:
+    if not testbed.owned:
+        pytest.skip("takes the real node down: only on the session's own cluster")
+    netns_before = netns_names()
+    core.create_namespaced_pod(namespace, real_pod("victim", images["tiny"]))
+    wait_ready(core, namespace, "victim")
+    assert len(netns_names() - netns_before) == 1
+    veths = hostsetup.veths_on(real_node.node.bridge)
+    assert veths
+
+    stopped = real_node.down()
+
+    assert set(stopped) == {"kubelet", "containerd", "registry"}
+    state = str(real_node.lay.root)
+    assert hostsetup.mounts_under(real_node.lay.root) == []
+    assert netns_names() - netns_before == set()
+    assert not hostsetup.bridge_exists(real_node.node.bridge)
+    assert not [v for v in veths if Path(f"/sys/class/net/{v}").exists()]
+    assert hostsetup.pids_with_arg(state) == []
+    assert hostsetup.pids_with_arg(str(real_node.lay.containerd_socket)) == []
+    for mount in hostsetup.cgroup_mounts():
+        assert not (mount / real_node.node.cgroup_root.lstrip("/")).exists()
+
+    # Back up for the rest of the session; the pod comes back with the node.
+    real_node.up()
+    wait_for(
+        lambda: wait_ready(core, namespace, "victim", timeout=120),
+        timeout=130,
+        what="pod running again after the node restart",
+    )
