@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from kubernetes.client import CoreV1Api
 
-from sandman.cluster.config import ClusterConfig, Ports, RealNodeConfig
+from sandman.cluster.config import ClusterConfig, Ports, RealNodeConfig, default_state_dir
 from sandman.cluster.hostsetup import bridge_exists, real_node_unsupported_reason
 from sandman.cluster.kwok_nodes import NODE_KIND_LABEL
 from sandman.cluster.local import LocalCluster
@@ -93,6 +93,23 @@ def start_test_cluster(kwok_nodes: int = 3) -> ClusterBed:
         cluster.down(purge=False)
         raise
     return ClusterBed(cluster, owned=True, no_real_node=no_real)
+
+
+def bench_bed(*, need_real_node: bool, kwok_nodes: int = 3) -> ClusterBed:
+    """A cluster for a benchmark: the one named by SANDMAN_TEST_CLUSTER, else the
+    default (`make up`) cluster when it runs and fits, else a private one."""
+    if not os.environ.get(REUSE_ENV):
+        default = default_state_dir()
+        if ClusterConfig.load(default) is not None:
+            cluster = LocalCluster.at(default, progress=lambda _m: None)
+            fits = cluster.real_node is not None or not need_real_node
+            if fits and cluster.status().running:
+                return ClusterBed(cluster, owned=False)
+    bed = start_test_cluster(kwok_nodes)
+    if need_real_node and bed.no_real_node:
+        bed.close()
+        raise RuntimeError(f"this benchmark needs the real node: {bed.no_real_node}")
+    return bed
 
 
 def kubectl(cluster: LocalCluster, *args: str, timeout: float = 60, check: bool = True) -> str:
