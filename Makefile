@@ -22,9 +22,10 @@ venv: $(VENV)/.installed
 build-kube: venv
 	$(SANDMAN) cluster build
 
-# A local cluster (real control plane + kwok nodes) with Sandman on it.
+# A local cluster (real control plane + kwok nodes + a real node) with our images.
 up: venv
-	$(SANDMAN) cluster up --kwok-nodes $(KWOK_NODES)
+	$(SANDMAN) cluster up --real-node --kwok-nodes $(KWOK_NODES)
+	$(SANDMAN) image build tiny swe
 
 down: venv
 	$(SANDMAN) cluster down
