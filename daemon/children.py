@@ -1,0 +1,206 @@
+"""Child processes: one reaper for all of them, spawning, killing whole trees.
+
+As PID 1 (or a child subreaper) the daemon inherits every orphan in the
+sandbox, so somebody must call ``waitpid(-1)`` or zombies pile up. Two waiters
+steal each other's exit statuses: asyncio's child watchers and
+``Popen.wait()`` then report 255 or 0 for commands that exited otherwise.
+Hence the rule this module enforces: :class:`ChildReaper` is the only code
+that waits, and every command is started through :func:`spawn`, which hands
+its pid to the reaper before control returns to the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
+
+
+def become_subreaper() -> bool:
+    """Adopt orphans of our descendants even when we are not PID 1.
+
+    Frozen, the daemon runs under a bootloader that is the real PID 1 and
+    reaps only its own child; without this, orphaned grandchildren would
+    become zombies of a process that never waits for them.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+class ChildReaper:
+    """Waits for every child (``waitpid(-1, WNOHANG)`` on SIGCHLD).
+
+    Exit codes are delivered to futures by pid; statuses of children nobody
+    registered (adopted orphans) are counted and dropped. Not thread-safe:
+    use it from the event loop thread only, which also makes "spawn, then
+    register" atomic with respect to the SIGCHLD callback.
+    """
+
+    def __init__(self) -> None:
+        self._waiters: dict[int, asyncio.Future[int]] = {}
+        self._unclaimed: dict[int, int] = {}
+        self.orphans_reaped = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        loop.add_signal_handler(signal.SIGCHLD, self.reap)
+        self.reap()  # children that exited before the handler existed
+
+    def stop(self) -> None:
+        if self._loop is not None:
+            self._loop.remove_signal_handler(signal.SIGCHLD)
+            self._loop = None
+
+    def watch(self, pid: int) -> asyncio.Future[int]:
+        assert self._loop is not None, "reaper not started"
+        fut: asyncio.Future[int] = self._loop.create_future()
+        if pid in self._unclaimed:
+            fut.set_result(self._unclaimed.pop(pid))
+        else:
+            self._waiters[pid] = fut
+        return fut
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            code = os.waitstatus_to_exitcode(status)
+            fut = self._waiters.pop(pid, None)
+            if fut is None:
+                self.orphans_reaped += 1
+            elif not fut.done():
+                fut.set_result(code)
+
+    @property
+    def tracked(self) -> int:
+        return len(self._waiters)
+
+
+@dataclass
+class Child:
+    """A started command. ``exited`` resolves to its exit code (-N: signal N)."""
+
+    pid: int
+    exited: asyncio.Future[int]
+    stdin: int | None = None
+    stdout: int | None = None
+    stderr: int | None = None
+
+
+def spawn(
+    reaper: ChildReaper,
+    argv: Sequence[str],
+    *,
+    cwd: str | None = None,
+    env: Mapping[str, str] | None = None,
+    stdin: bool = False,
+    capture: bool = True,
+    merge_stderr: bool = False,
+) -> Child:
+    """Start ``argv`` in a new session (own process group) with pipes.
+
+    Raises OSError (ENOENT, EACCES, ...) when the command cannot be started.
+    """
+    proc = subprocess.Popen(
+        list(argv),
+        cwd=cwd,
+        env=dict(env) if env is not None else None,
+        stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+        stdout=subprocess.PIPE if capture else None,
+        stderr=(subprocess.STDOUT if merge_stderr else subprocess.PIPE) if capture else None,
+        start_new_session=True,
+        close_fds=True,
+    )
+    # The reaper owns this pid's exit status. A Popen finalized with
+    # returncode None would queue itself for a later waitpid(pid) of its own,
+    # racing the reaper; a (placeholder) returncode makes it never wait.
+    proc.returncode = 0
+    return Child(
+        pid=proc.pid,
+        exited=reaper.watch(proc.pid),
+        stdin=_detach(proc.stdin),
+        stdout=_detach(proc.stdout),
+        stderr=_detach(proc.stderr),
+    )
+
+
+def _detach(stream: object) -> int | None:
+    # Take the raw fd out of the file object so that asyncio reads it
+    # non-blocking and nothing buffers bytes behind our back.
+    if stream is None:
+        return None
+    fd = os.dup(stream.fileno())  # type: ignore[attr-defined]
+    stream.close()  # type: ignore[attr-defined]
+    os.set_blocking(fd, False)
+    return fd
+
+
+# -- process trees ------------------------------------------------------------
+def _proc_table() -> dict[int, tuple[int, int]]:
+    """pid -> (ppid, pgid) for every live process."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        table[int(entry)] = (int(fields[1]), int(fields[2]))
+    return table
+
+
+def descendants(root: int, table: dict[int, tuple[int, int]] | None = None) -> list[int]:
+    table = table if table is not None else _proc_table()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    out, stack = [], [root]
+    while stack:
+        for c in children.get(stack.pop(), []):
+            out.append(c)
+            stack.append(c)
+    return out
+
+
+def kill_tree(pid: int, sig: int = signal.SIGKILL) -> None:
+    """Signal a command's process group and every descendant of it.
+
+    The group catches the usual case in one syscall; the /proc walk catches
+    descendants that started their own session (``setsid``, daemons). An
+    orphan whose parent already died is adopted by us and is then found
+    among our own children by :func:`kill_all_children`.
+    """
+    table = _proc_table()
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+    for p in [pid, *descendants(pid, table)]:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(p, sig)
+
+
+def kill_all_children(sig: int = signal.SIGKILL, keep: Callable[[int], bool] | None = None) -> int:
+    """Signal every descendant of this process (all commands, orphans included)."""
+    me = os.getpid()
+    n = 0
+    for p in descendants(me):
+        if keep is not None and keep(p):
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(p, sig)
+            n += 1
+    return n

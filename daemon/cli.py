@@ -1,0 +1,72 @@
+"""`sandmand`: the in-sandbox daemon's command line.
+
+sandmand serve --listen HOST:PORT [--workspace DIR] [-- ORIGINAL COMMAND...]
+sandmand install DIR      # copy this executable into DIR (init container)
+sandmand version
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from sandman.daemon import __version__
+from sandman.daemon.config import DAEMON_DIR, DEFAULT_PORT, from_args
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sandmand", description="Sandman in-sandbox daemon")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("serve", help="serve the sandbox API (normally as PID 1)")
+    s.add_argument("--listen", default=f"0.0.0.0:{DEFAULT_PORT}", help="HOST:PORT")
+    s.add_argument("--token-sha256", default=None, help="hex SHA-256 of the bearer token")
+    s.add_argument("--token-sha256-file", default=None, help="file holding that hash")
+    s.add_argument("--daemon-dir", default=DAEMON_DIR, help="the daemon's own (protected) dir")
+    s.add_argument("--allow-root", action="append", help="path the file API may use (repeat)")
+    s.add_argument("--workspace", default=None, help="git checkout restored by /v1/reset")
+    s.add_argument("--manifest", action="append", help="file whose hash reset verifies")
+    s.add_argument(
+        "--temp-dir", action="append", help="dir reset empties (repeat; default /tmp, /var/tmp)"
+    )
+    s.add_argument("--grace", type=float, default=5.0, help="seconds from SIGTERM to SIGKILL")
+    s.add_argument("command", nargs=argparse.REMAINDER, help="-- original command and args")
+    i = sub.add_parser("install", help="copy this executable into DIR")
+    i.add_argument("dir")
+    sub.add_parser("version")
+    return p
+
+
+def _self_executable() -> Path:
+    # Frozen: sys.executable is the bootloader binary that carries everything.
+    # staticx runs that binary from a temp dir and names the original in
+    # STATICX_PROG_PATH, which is what must be copied.
+    return Path(os.environ.get("STATICX_PROG_PATH") or sys.executable)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.cmd == "version":
+        print(__version__)
+        return 0
+    if args.cmd == "install":
+        dest = Path(args.dir) / "sandmand"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_suffix(".tmp")
+        shutil.copyfile(_self_executable(), tmp)
+        tmp.chmod(0o755)
+        tmp.replace(dest)
+        print(dest)
+        return 0
+    if args.command and args.command[0] == "--":
+        args.command = args.command[1:]
+    try:
+        config = from_args(args)
+    except ValueError as e:
+        print(f"sandmand: {e}", file=sys.stderr)
+        return 2
+    from sandman.daemon.server import serve
+
+    return serve(config)

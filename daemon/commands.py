@@ -1,0 +1,146 @@
+"""Running one command to completion: timeout, output caps, streaming."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sandman.daemon.children import ChildReaper, kill_tree, spawn
+from sandman.daemon.errors import BadRequest
+from sandman.daemon.output import Capture, encode, feed, pump
+from sandman.daemon.requests import ExecRequest
+
+# After the command itself exits, how long its pipes may stay open before we
+# stop reading. A backgrounded grandchild (`server &`) inherits stdout and
+# would otherwise hold the call open forever; 200 ms lets output already in
+# flight arrive and costs nothing for commands that close their pipes.
+DRAIN_AFTER_EXIT_S = 0.2
+
+# Variables the frozen bootloaders set for themselves, and our own secrets:
+# never passed to commands.
+SCRUBBED_PREFIXES = ("_PYI_", "STATICX_", "_MEI", "SANDMAN_TOKEN")
+SCRUBBED = {"LD_LIBRARY_PATH", "LD_LIBRARY_PATH_ORIG", "PYTHONHOME", "PYTHONPATH"}
+
+
+def base_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """The container's environment as the image defined it, for commands.
+
+    PyInstaller's bootloader points LD_LIBRARY_PATH at its extraction dir
+    (keeping the original in LD_LIBRARY_PATH_ORIG): commands must get the
+    image's own value back, not libraries of ours.
+    """
+    out = {
+        k: v for k, v in env.items() if k not in SCRUBBED and not k.startswith(SCRUBBED_PREFIXES)
+    }
+    if "LD_LIBRARY_PATH_ORIG" in env:
+        out["LD_LIBRARY_PATH"] = env["LD_LIBRARY_PATH_ORIG"]
+    out.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+    return out
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+    timed_out: bool
+    truncated: bool
+    duration_ms: float
+
+    def to_json(self) -> dict[str, Any]:
+        out, out_enc = encode(self.stdout, truncated=self.truncated)
+        err, err_enc = encode(self.stderr, truncated=self.truncated)
+        return {
+            "exit_code": self.exit_code,
+            "stdout": out,
+            "stderr": err,
+            "stdout_encoding": out_enc,
+            "stderr_encoding": err_enc,
+            "timed_out": self.timed_out,
+            "truncated": self.truncated,
+            "duration_ms": round(self.duration_ms, 3),
+        }
+
+
+def start_error(argv: tuple[str, ...], cwd: str | None, e: OSError) -> BadRequest:
+    if argv[:2] == ("/bin/sh", "-c") and e.filename in ("/bin/sh", None):
+        return BadRequest(
+            "this image has no /bin/sh for a shell string; pass cmd as an argv list",
+            code="no_shell",
+        )
+    if cwd and not os.path.isdir(cwd):
+        return BadRequest(f"cwd {cwd!r} is not a directory", code="bad_cwd")
+    return BadRequest(f"cannot start {argv[0]!r}: {e.strerror}", code="cannot_start")
+
+
+async def run_command(
+    reaper: ChildReaper,
+    req: ExecRequest,
+    base_env: Mapping[str, str],
+    on_chunk: Callable[[str, bytes], None] | None = None,
+) -> ExecResult:
+    """Run to completion. ``on_chunk(stream, data)`` sees output as it comes
+    (streaming); captures keep at most ``max_output_bytes`` per stream."""
+    env = {**base_env, **req.env}
+    t0 = time.monotonic()
+    try:
+        child = spawn(reaper, req.argv, cwd=req.cwd, env=env, stdin=req.stdin is not None)
+    except OSError as e:
+        raise start_error(req.argv, req.cwd, e) from None
+    out, err = Capture(req.max_output_bytes), Capture(req.max_output_bytes)
+
+    def sink(name: str, cap: Capture) -> Callable[[bytes], None]:
+        if on_chunk is None:
+            return cap
+
+        def both(data: bytes) -> None:
+            cap(data)
+            on_chunk(name, data)
+
+        return both
+
+    assert child.stdout is not None and child.stderr is not None
+    pumps = [
+        asyncio.ensure_future(pump(child.stdout, sink("stdout", out))),
+        asyncio.ensure_future(pump(child.stderr, sink("stderr", err))),
+    ]
+    writer = None
+    if req.stdin is not None and child.stdin is not None:
+        writer = asyncio.ensure_future(feed(child.stdin, req.stdin))
+    timed_out = False
+    try:
+        try:
+            code = await asyncio.wait_for(asyncio.shield(child.exited), req.timeout_s)
+        except TimeoutError:
+            timed_out = True
+            kill_tree(child.pid)
+            code = await child.exited
+        _, pending = await asyncio.wait(pumps, timeout=DRAIN_AFTER_EXIT_S)
+        for p in pending:
+            p.cancel()
+    except asyncio.CancelledError:
+        # The client went away: nobody will read the result, so the command
+        # (and everything it started) goes too.
+        kill_tree(child.pid)
+        for p in pumps:
+            p.cancel()
+        raise
+    finally:
+        if writer is not None and not writer.done():
+            writer.cancel()
+        for p in pumps:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await p
+    return ExecResult(
+        exit_code=code,
+        stdout=out.value(),
+        stderr=err.value(),
+        timed_out=timed_out,
+        truncated=out.truncated or err.truncated,
+        duration_ms=(time.monotonic() - t0) * 1000,
+    )

@@ -1,0 +1,98 @@
+"""The daemon's configuration: one dataclass, from flags and environment."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Where the webhook mounts the daemon (an emptyDir); the agent may not touch it.
+DAEMON_DIR = "/.sandman"
+DEFAULT_PORT = 7878
+
+ENV_TOKEN_SHA256 = "SANDMAN_TOKEN_SHA256"
+ENV_TOKEN_SHA256_FILE = "SANDMAN_TOKEN_SHA256_FILE"
+ENV_WORKSPACE = "SANDMAN_WORKSPACE"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Caps that keep one bad request from hurting the daemon.
+
+    The defaults are sized for coding agents: 16 MiB covers a large source
+    file or patch in a JSON body; bigger transfers go through the streamed
+    file and tar endpoints, which have their own (much larger) cap.
+    """
+
+    max_json_bytes: int = 16 << 20
+    max_upload_bytes: int = 8 << 30
+    default_output_bytes: int = 1 << 20
+    max_output_bytes: int = 64 << 20
+    default_timeout_s: float = 600.0
+    max_timeout_s: float = 24 * 3600.0
+    # Background process output kept for re-reading (ring buffer per process).
+    ring_bytes: int = 4 << 20
+    max_background: int = 256
+    max_sessions: int = 64
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    host: str = "0.0.0.0"
+    port: int = DEFAULT_PORT
+    # SHA-256 (hex) of the bearer token; None means every API call is refused
+    # (there is no unauthenticated mode).
+    token_sha256: str | None = None
+    daemon_dir: Path = Path(DAEMON_DIR)
+    # Paths the file API may touch; the daemon's own dir is always excluded.
+    allowed_roots: tuple[Path, ...] = (Path("/"),)
+    workspace: Path | None = None  # the git checkout that /v1/reset restores
+    temp_dirs: tuple[Path, ...] = (Path("/tmp"), Path("/var/tmp"))
+    # Files whose content hash /v1/reset verifies (a dependency manifest).
+    manifest_files: tuple[Path, ...] = ()
+    command: tuple[str, ...] = ()  # the image's own command, supervised
+    grace_s: float = 5.0  # SIGTERM -> SIGKILL for children at shutdown
+    limits: Limits = field(default_factory=Limits)
+
+    @property
+    def listen(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"--listen wants HOST:PORT, got {value!r}")
+    return (host.strip("[]") or "0.0.0.0"), int(port)
+
+
+def read_token_hash(flag_value: str | None, flag_file: str | None) -> str | None:
+    """The token hash from --token-sha256(-file) or the environment, validated."""
+    value = flag_value or os.environ.get(ENV_TOKEN_SHA256)
+    path = flag_file or os.environ.get(ENV_TOKEN_SHA256_FILE)
+    if not value and path:
+        value = Path(path).read_text().strip()
+    if not value:
+        return None
+    value = value.strip().lower()
+    if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
+        raise ValueError("the token hash must be 64 hex characters (SHA-256)")
+    return value
+
+
+def from_args(args: argparse.Namespace) -> DaemonConfig:
+    host, port = parse_listen(args.listen)
+    workspace = args.workspace or os.environ.get(ENV_WORKSPACE)
+    return DaemonConfig(
+        host=host,
+        port=port,
+        token_sha256=read_token_hash(args.token_sha256, args.token_sha256_file),
+        daemon_dir=Path(args.daemon_dir),
+        allowed_roots=tuple(Path(p) for p in (args.allow_root or ["/"])),
+        workspace=Path(workspace) if workspace else None,
+        manifest_files=tuple(Path(p) for p in args.manifest or []),
+        temp_dirs=tuple(Path(p) for p in args.temp_dir or ["/tmp", "/var/tmp"]),
+        command=tuple(args.command),
+        grace_s=args.grace,
+    )
