@@ -1,0 +1,95 @@
+"""The daemon's runtime state: one object per app, created by the app factory."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from sandman.daemon import __version__
+from sandman.daemon.background import BackgroundProcesses
+from sandman.daemon.children import Child, ChildReaper, kill_tree, spawn
+from sandman.daemon.commands import ExecResult
+from sandman.daemon.config import DaemonConfig
+from sandman.daemon.metrics import DaemonMetrics
+from sandman.daemon.paths import PathPolicy
+from sandman.daemon.reset import Pristine
+from sandman.daemon.sessions import Sessions
+from sandman.daemon.status import Activity
+
+log = logging.getLogger("sandmand")
+
+
+@dataclass
+class DaemonState:
+    config: DaemonConfig
+    base_env: dict[str, str]
+    reaper: ChildReaper
+    sessions: Sessions
+    background: BackgroundProcesses
+    policy: PathPolicy
+    metrics: DaemonMetrics
+    activity: Activity
+    version: str = __version__
+    pristine: Pristine | None = None
+    stopping: bool = False
+    supervised: Child | None = None
+    supervised_exit: int | None = None
+    reset_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def count_command(self, result: ExecResult) -> None:
+        self.metrics.commands.labels("timeout" if result.timed_out else "ok").inc()
+
+    # -- the image's own command, supervised ------------------------------------
+    def start_supervised(self) -> None:
+        if not self.config.command:
+            return
+        try:
+            # Its output goes to the container's log, as without the daemon.
+            child = spawn(self.reaper, self.config.command, env=self.base_env, capture=False)
+        except OSError as e:
+            log.error("cannot start the original command %s: %s", self.config.command, e)
+            self.supervised_exit = 127
+            return
+        self.supervised, self.supervised_exit = child, None
+
+        def ended(f: asyncio.Future[int]) -> None:
+            if self.supervised is child and not f.cancelled():
+                self.supervised_exit = f.result()
+                log.info("original command exited with %s", self.supervised_exit)
+
+        child.exited.add_done_callback(ended)
+
+    async def stop_supervised(self) -> None:
+        child = self.supervised
+        if child is not None and not child.exited.done():
+            kill_tree(child.pid)
+            with contextlib.suppress(asyncio.CancelledError):
+                await child.exited
+
+    async def restart_supervised(self) -> None:
+        await self.stop_supervised()
+        self.start_supervised()
+
+    def supervised_info(self) -> dict[str, Any] | None:
+        if not self.config.command:
+            return None
+        child = self.supervised
+        return {
+            "cmd": list(self.config.command),
+            "pid": child.pid if child else None,
+            "running": child is not None and not child.exited.done(),
+            "exit_code": self.supervised_exit,
+        }
+
+
+STATE = web.AppKey("state", DaemonState)
+
+
+def scratch_dir(config: DaemonConfig) -> str:
+    return os.path.join(str(config.daemon_dir), "run")
