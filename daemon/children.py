@@ -118,7 +118,9 @@ def spawn(
         list(argv),
         cwd=cwd,
         env=dict(env) if env is not None else None,
-        stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+        # A pipe, not DEVNULL, even without stdin: an image need not have
+        # /dev/null (a bare rootfs), and EOF on a closed pipe reads the same.
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE if capture else None,
         stderr=(subprocess.STDOUT if merge_stderr else subprocess.PIPE) if capture else None,
         start_new_session=True,
@@ -128,10 +130,12 @@ def spawn(
     # returncode None would queue itself for a later waitpid(pid) of its own,
     # racing the reaper; a (placeholder) returncode makes it never wait.
     proc.returncode = 0
+    if not stdin:
+        proc.stdin.close()  # type: ignore[union-attr]
     return Child(
         pid=proc.pid,
         exited=reaper.watch(proc.pid),
-        stdin=_detach(proc.stdin),
+        stdin=_detach(proc.stdin) if stdin else None,
         stdout=_detach(proc.stdout),
         stderr=_detach(proc.stderr),
     )

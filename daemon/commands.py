@@ -24,21 +24,30 @@ DRAIN_AFTER_EXIT_S = 0.2
 # Variables the frozen bootloaders set for themselves, and our own secrets:
 # never passed to commands.
 SCRUBBED_PREFIXES = ("_PYI_", "STATICX_", "_MEI", "SANDMAN_TOKEN")
-SCRUBBED = {"LD_LIBRARY_PATH", "LD_LIBRARY_PATH_ORIG", "PYTHONHOME", "PYTHONPATH"}
+SCRUBBED = {"LD_LIBRARY_PATH", "LD_LIBRARY_PATH_ORIG", "PYTHONHOME", "PYTHONPATH", "TMPDIR"}
+# The webhook points TMPDIR at the daemon's dir (both bootloaders unpack
+# there) and keeps an image-defined TMPDIR here, to hand back to commands.
+ENV_TMPDIR_ORIG = "SANDMAN_TMPDIR_ORIG"
 
 
-def base_environment(env: Mapping[str, str]) -> dict[str, str]:
+def base_environment(env: Mapping[str, str], daemon_dir: str = "/.sandman") -> dict[str, str]:
     """The container's environment as the image defined it, for commands.
 
     PyInstaller's bootloader points LD_LIBRARY_PATH at its extraction dir
     (keeping the original in LD_LIBRARY_PATH_ORIG): commands must get the
-    image's own value back, not libraries of ours.
+    image's own value back, not libraries of ours. Likewise TMPDIR.
     """
     out = {
-        k: v for k, v in env.items() if k not in SCRUBBED and not k.startswith(SCRUBBED_PREFIXES)
+        k: v
+        for k, v in env.items()
+        if k not in SCRUBBED and not k.startswith(SCRUBBED_PREFIXES) and k != ENV_TMPDIR_ORIG
     }
     if "LD_LIBRARY_PATH_ORIG" in env:
         out["LD_LIBRARY_PATH"] = env["LD_LIBRARY_PATH_ORIG"]
+    tmpdir = env.get(ENV_TMPDIR_ORIG) or env.get("TMPDIR")
+    own = daemon_dir.rstrip("/")
+    if tmpdir and tmpdir != own and not tmpdir.startswith(own + "/"):
+        out["TMPDIR"] = tmpdir
     out.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
     return out
 
@@ -75,7 +84,8 @@ def start_error(argv: tuple[str, ...], cwd: str | None, e: OSError) -> BadReques
         )
     if cwd and not os.path.isdir(cwd):
         return BadRequest(f"cwd {cwd!r} is not a directory", code="bad_cwd")
-    return BadRequest(f"cannot start {argv[0]!r}: {e.strerror}", code="cannot_start")
+    what = f" ({e.filename})" if e.filename and e.filename != argv[0] else ""
+    return BadRequest(f"cannot start {argv[0]!r}: {e.strerror}{what}", code="cannot_start")
 
 
 async def run_command(

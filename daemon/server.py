@@ -8,6 +8,7 @@ import hmac
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import time
@@ -101,7 +102,9 @@ def default_workspace(config: DaemonConfig) -> Path | None:
 
 def create_app(config: DaemonConfig, env: dict[str, str] | None = None) -> web.Application:
     """The API app. Holds no module state: everything lives in its DaemonState."""
-    base_env = base_environment(env if env is not None else dict(os.environ))
+    base_env = base_environment(
+        env if env is not None else dict(os.environ), str(config.daemon_dir)
+    )
     reaper = ChildReaper()
     scratch = Path(scratch_dir(config))
     state = DaemonState(
@@ -133,9 +136,38 @@ def create_app(config: DaemonConfig, env: dict[str, str] | None = None) -> web.A
     return app
 
 
+def remove_stale_extractions(daemon_dir: Path) -> list[str]:
+    """Delete what earlier runs' bootloaders unpacked and never removed.
+
+    Both bootloaders clean up after a normal exit, but a SIGKILL leaves ~30 MB
+    behind in the emptyDir, which outlives container restarts. Ours are the
+    dirs our own executable and runtime live in; everything else of that
+    shape is stale.
+    """
+    ours = {
+        os.path.realpath(p)
+        for p in (os.path.dirname(sys.executable), getattr(sys, "_MEIPASS", ""))
+        if p
+    }
+    removed = []
+    for d in daemon_dir.glob("*"):
+        if (
+            d.name.startswith(("staticx-", "_MEI"))
+            and d.is_dir()
+            and (os.path.realpath(d) not in ours)
+        ):
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d.name)
+    return removed
+
+
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     st = app[STATE]
     loop = asyncio.get_running_loop()
+    if getattr(sys, "frozen", False):
+        stale = remove_stale_extractions(st.config.daemon_dir)
+        if stale:
+            log.info("removed stale extraction dirs %s", stale)
     st.reaper.start(loop)
     Path(scratch_dir(st.config)).mkdir(parents=True, exist_ok=True)
     pristine_file = st.config.daemon_dir / "pristine.json"
