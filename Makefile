@@ -6,7 +6,7 @@ SANDMAN := $(VENV)/bin/sandman
 PYTEST_ARGS ?=
 KWOK_NODES ?= 3
 
-.PHONY: all venv build-kube up down status test test-unit lint bench clean
+.PHONY: all venv build-kube daemon up down status test test-unit lint bench clean
 
 all: test
 
@@ -21,6 +21,11 @@ venv: $(VENV)/.installed
 # Kubernetes, etcd and kwok from the Go module proxy, cached in ~/.cache/sandman.
 build-kube: venv
 	$(SANDMAN) cluster build
+
+# The in-sandbox daemon as one static executable (design section 3); the build
+# is cached in ~/.cache/sandman/daemon and redone only when daemon/ changes.
+daemon: venv
+	$(VENV)/bin/python -m sandman.images.daemon_binary --out dist/sandmand
 
 # A local cluster (real control plane + kwok nodes + a real node) with our images.
 up: venv
