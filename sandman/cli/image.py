@@ -7,8 +7,13 @@ import sys
 import time
 
 from sandman.cluster.config import ClusterConfig
-from sandman.images.build import DEFAULT_REGISTRY, ImageBuilder, ImageBuildError, image_ref
-from sandman.images.recipes import RECIPES
+from sandman.images.build import (
+    DEFAULT_REGISTRY,
+    IMAGE_NAMES,
+    ImageBuilder,
+    ImageBuildError,
+    image_ref,
+)
 from sandman.images.registry import Registry, RegistryError
 
 
@@ -16,12 +21,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p = sub.add_parser("image", help="build and push Sandman's images (no Docker needed)")
     isub = p.add_subparsers(dest="image_cmd", required=True)
     b = isub.add_parser("build", help="build images and push them to the local registry")
-    b.add_argument("names", nargs="+", choices=sorted(RECIPES), metavar="NAME")
+    b.add_argument("names", nargs="+", choices=IMAGE_NAMES, metavar="NAME")
     b.add_argument("--registry", default=DEFAULT_REGISTRY)
     b.add_argument("--no-push", action="store_true", help="build into the cache only")
     b.set_defaults(func=cmd_build)
     r = isub.add_parser("ref", help="print the reference pods should use for an image")
-    r.add_argument("name", choices=sorted(RECIPES), metavar="NAME")
+    r.add_argument("name", choices=IMAGE_NAMES, metavar="NAME")
     r.add_argument("--registry", default=DEFAULT_REGISTRY)
     r.set_defaults(func=cmd_ref)
     ls = isub.add_parser("list", help="the images Sandman knows how to build")
@@ -54,6 +59,6 @@ def cmd_ref(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    for name in sorted(RECIPES):
+    for name in IMAGE_NAMES:
         print(f"{name:<8} {image_ref(name)}")
     return 0

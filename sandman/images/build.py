@@ -11,11 +11,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandman.cluster.config import default_cache_dir
+from sandman.images import daemon_binary
 from sandman.images.oci import (
     MEDIA_LAYER_GZIP,
     Blob,
     BlobStore,
     Image,
+    ImageConfig,
     Layer,
     assemble,
     layer_from_dir,
@@ -24,6 +27,7 @@ from sandman.images.recipes import RECIPES, Recipe
 from sandman.images.registry import Registry
 
 DEFAULT_REGISTRY = "127.0.0.1:5000"
+DAEMON_IMAGE = "daemon"
 
 Progress = Callable[[str], None]
 
@@ -44,17 +48,47 @@ class BuiltImage:
     uploaded_bytes: int
 
 
-def recipe(name: str) -> Recipe:
+IMAGE_NAMES = (*sorted(RECIPES), DAEMON_IMAGE)
+
+
+def recipe(name: str, cache_dir: Path | None = None) -> Recipe:
+    if name == DAEMON_IMAGE:
+        return daemon_recipe(cache_dir or default_cache_dir())
     try:
         return RECIPES[name]
     except KeyError:
-        raise ImageBuildError(
-            f"unknown image {name!r}; known: {', '.join(sorted(RECIPES))}"
-        ) from None
+        raise ImageBuildError(f"unknown image {name!r}; known: {', '.join(IMAGE_NAMES)}") from None
 
 
-def image_ref(name: str, registry: str = DEFAULT_REGISTRY) -> str:
-    r = recipe(name)
+def daemon_recipe(cache_dir: Path) -> Recipe:
+    """The `daemon` image: the static `sandmand` (plus /tmp for its unpacking).
+
+    Its tag carries the executable's content key, so a changed daemon gets a
+    new reference and nodes never run a stale cached copy under an old tag.
+    """
+    key = daemon_binary.current_key()
+
+    def fill(root: Path) -> None:
+        exe = daemon_binary.ensure_daemon_binary(cache_dir)
+        shutil.copy2(exe, root / "sandmand")
+        (root / "sandmand").chmod(0o755)
+        # `sandmand install` runs in this image: staticx unpacks into $TMPDIR
+        # or /tmp before anything else happens, so /tmp must exist.
+        (root / "tmp").mkdir(mode=0o1777)
+        (root / "tmp").chmod(0o1777)
+
+    return Recipe(
+        name=DAEMON_IMAGE,
+        tag=f"{daemon_binary.daemon_version()}-{key[:12]}",
+        layers=((f"daemon-{key}", fill),),
+        config=ImageConfig(
+            entrypoint=("/sandmand",), cmd=("version",), user="0:0", env=("PATH=/",)
+        ),
+    )
+
+
+def image_ref(name: str, registry: str = DEFAULT_REGISTRY, cache_dir: Path | None = None) -> str:
+    r = recipe(name, cache_dir)
     return f"{registry}/{r.repo}:{r.tag}"
 
 
@@ -67,6 +101,7 @@ class ImageBuilder:
     """
 
     def __init__(self, cache_dir: Path, progress: Progress = _stderr) -> None:
+        self.cache_dir = cache_dir
         self.root = cache_dir / "images"
         self.store = BlobStore(self.root / "blobs")
         self.progress = progress
@@ -110,7 +145,7 @@ class ImageBuilder:
         return layer
 
     def build(self, name: str) -> Image:
-        r = recipe(name)
+        r = recipe(name, self.cache_dir)
         missing = [cmd for cmd in r.needs if shutil.which(cmd) is None]
         if missing:
             raise ImageBuildError(f"image {name} needs {', '.join(missing)} on PATH")
@@ -119,7 +154,7 @@ class ImageBuilder:
 
     def build_and_push(self, name: str, registry: Registry) -> BuiltImage:
         image = self.build(name)
-        r = recipe(name)
+        r = recipe(name, self.cache_dir)
         if not registry.ping():
             raise ImageBuildError(
                 f"registry {registry.host} is not answering; start it with "
