@@ -1,0 +1,306 @@
+"""The frozen daemon (`sandmand`) runs as PID 1 in root filesystems without Python.
+
+Builds the static executable (cached; `make daemon` does the same) and runs it
+under `unshare --pid --fork --mount-proc` + `chroot`, the way a container
+runtime would, in (a) a rootfs holding nothing but busybox-static (no libc, no
+/tmp) and (b) the Debian rootfs of the `swe` image. As in a sandbox, the
+executable sits in an otherwise empty /.sandman (the emptyDir) and TMPDIR
+points there, so both extraction stages (staticx, then PyInstaller) land in it
+(see daemon/freeze/README.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tarfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sandman.cluster.config import default_cache_dir
+from sandman.daemon import __version__ as DAEMON_VERSION
+from sandman.images.build import ImageBuilder
+from sandman.images.daemon_binary import ensure_daemon_binary
+
+BUSYBOX = Path("/bin/busybox")  # Debian's busybox-static: needs no shared libc
+UNSHARE = shutil.which("unshare")
+CHROOT = shutil.which("chroot")
+
+# A start (two extractions of ~14 MB, then Python) took 0.6-0.7 s here;
+# 30 s leaves room for a loaded CI machine without hiding a hang.
+STARTUP_TIMEOUT_S = 30.0
+# The daemon gives its children 5 s of grace on SIGTERM (config.grace_s) but
+# runs none here, so it should be gone at once (0.1 s here); 5 s is "a few".
+STOP_TIMEOUT_S = 5.0
+HEALTHZ_POLL_S = 0.01
+
+TOKEN = "frozen-test-token"
+
+# What a container runtime gives PID 1: a PATH, and (from the webhook) TMPDIR
+# pointing at the daemon's emptyDir plus the token's hash.
+SANDBOX_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "TMPDIR": "/.sandman",
+    "SANDMAN_TOKEN_SHA256": hashlib.sha256(TOKEN.encode()).hexdigest(),
+}
+
+
+def _unavailable() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (unshare --pid, mount proc, chroot)"
+    if UNSHARE is None or CHROOT is None:
+        return "unshare or chroot not on PATH (util-linux, coreutils)"
+    if os.uname().machine != "x86_64":
+        return "sandmand is built for x86_64 only"
+    return None
+
+
+UNAVAILABLE = _unavailable()
+pytestmark = pytest.mark.skipif(UNAVAILABLE is not None, reason=f"frozen daemon: {UNAVAILABLE}")
+
+
+@pytest.fixture(scope="module")
+def sandmand() -> Path:
+    return ensure_daemon_binary(default_cache_dir(), progress=print)
+
+
+# -- root filesystems ----------------------------------------------------------
+def _busybox_root(root: Path) -> None:
+    (root / "bin").mkdir(parents=True)
+    shutil.copy2(BUSYBOX, root / "bin" / "busybox")
+    applets = subprocess.run(
+        [str(BUSYBOX), "--list"], check=True, capture_output=True, text=True
+    ).stdout.split()
+    for applet in applets:
+        if applet != "busybox":
+            (root / "bin" / applet).symlink_to("busybox")
+    (root / "proc").mkdir()  # mount point only: no /tmp, /etc, /lib or /dev
+
+
+def _debian_root(root: Path) -> None:
+    builder = ImageBuilder(default_cache_dir(), progress=print)
+    image = builder.build("swe")
+    root.mkdir(parents=True)
+    # Our own layers, so trusting their links and modes is fine.
+    extra = {"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}
+    for layer in image.layers:
+        with tarfile.open(builder.store.path(layer.blob.digest), "r:gz") as tar:
+            tar.extractall(root, numeric_owner=True, **extra)  # type: ignore[arg-type]
+    (root / "proc").mkdir(exist_ok=True)
+
+
+@pytest.fixture(scope="module", params=["busybox", "debian"])
+def rootfs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Path]:
+    kind = request.param
+    if kind == "busybox" and not BUSYBOX.exists():
+        pytest.skip(f"{BUSYBOX} missing: apt-get install busybox-static")
+    if kind == "debian" and (shutil.which("debootstrap") is None or shutil.which("git") is None):
+        pytest.skip("the swe image needs debootstrap and git on PATH")
+    root = tmp_path_factory.mktemp("rootfs") / kind
+    (_busybox_root if kind == "busybox" else _debian_root)(root)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)  # a Debian rootfs is a few hundred MB
+
+
+@pytest.fixture
+def daemon_dir(rootfs: Path, sandmand: Path) -> Path:
+    """A fresh /.sandman holding only the executable, as the init container leaves it."""
+    d = rootfs / ".sandman"
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir()
+    shutil.copyfile(sandmand, d / "sandmand")
+    (d / "sandmand").chmod(0o755)
+    return d
+
+
+# -- helpers -------------------------------------------------------------------
+def _in_new_pid_ns(root: Path, *argv: str) -> list[str]:
+    # --mount-proc mounts a fresh /proc for the new namespace inside the rootfs
+    # (staticx reads /proc/self/exe); chroot is exec'd, so the daemon is PID 1.
+    assert UNSHARE is not None and CHROOT is not None
+    return [UNSHARE, "--pid", "--fork", f"--mount-proc={root}/proc", CHROOT, str(root), *argv]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if int(fields[1]) == pid:
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+def _namespace_init(unshare_pid: int) -> int:
+    """Host pid of the namespace's PID 1: the one child `unshare --fork` made."""
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        kids = _children(unshare_pid)
+        if kids:
+            return kids[0]
+        time.sleep(HEALTHZ_POLL_S)
+    raise AssertionError(f"unshare (pid {unshare_pid}) has no child")
+
+
+def _healthz_status(port: int) -> int | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return None
+
+
+def _wait_healthy(proc: subprocess.Popen[bytes], port: int, log: Path, started: float) -> float:
+    while time.monotonic() - started < STARTUP_TIMEOUT_S:
+        if _healthz_status(port) == 200:
+            return time.monotonic() - started
+        if proc.poll() is not None:
+            pytest.fail(f"sandmand exited {proc.returncode} before /healthz:\n{log.read_text()}")
+        time.sleep(HEALTHZ_POLL_S)
+    pytest.fail(f"no 200 from /healthz within {STARTUP_TIMEOUT_S}s:\n{log.read_text()}")
+
+
+def _api(port: int, method: str, path: str, body: object = None, raw: bytes | None = None):  # type: ignore[no-untyped-def]
+    data = json.dumps(body).encode() if body is not None else raw
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}",
+        data=data,
+        method=method,
+        headers={"Authorization": f"Bearer {TOKEN}"},
+    )
+    try:
+        resp = urllib.request.urlopen(req, timeout=30)
+    except urllib.error.HTTPError as e:
+        e.msg = f"{e.msg}: {e.read().decode(errors='replace')}"
+        raise
+    with resp:
+        payload = resp.read()
+        if resp.headers.get("Content-Type", "").startswith("application/json"):
+            return json.loads(payload)
+        return payload
+
+
+def _exercise_api(port: int) -> None:
+    """Exec, environment hygiene, files and reaping through the frozen daemon."""
+    r = _api(port, "POST", "/v1/exec", {"cmd": ["echo", "hi"]})
+    assert (r["exit_code"], r["stdout"]) == (0, "hi\n")
+    r = _api(port, "POST", "/v1/exec", {"cmd": "echo $((6*7)) >&2; exit 3"})
+    assert (r["exit_code"], r["stderr"]) == (3, "42\n")
+    env = _api(port, "POST", "/v1/exec", {"cmd": ["env"]})["stdout"]
+    for leaked in ("TMPDIR", "STATICX_", "_PYI_", "LD_LIBRARY_PATH", "SANDMAN_TOKEN"):
+        assert leaked not in env, env
+    _api(port, "PUT", "/v1/files?path=/work/note.txt&mkdirs=1", raw=b"frozen files")
+    assert _api(port, "GET", "/v1/files?path=/work/note.txt") == b"frozen files"
+    assert _api(port, "POST", "/v1/exec", {"cmd": ["cat", "/work/note.txt"]})["stdout"] == (
+        "frozen files"
+    )
+    # The daemon's own files are off limits, the executable included.
+    try:
+        _api(port, "GET", "/v1/files?path=/.sandman/sandmand")
+        raise AssertionError("the daemon's executable was readable")
+    except urllib.error.HTTPError as e:
+        assert e.code == 403
+    # Orphans (children of exited commands) are reaped: no zombies in the sandbox.
+    for _ in range(5):
+        _api(port, "POST", "/v1/exec", {"cmd": "sleep 0.1 & exit 0"})
+    time.sleep(0.5)
+    status = _api(port, "GET", "/v1/status")
+    assert status["orphans_reaped"] >= 5, status
+    assert not [p for p in status["processes"] if p["state"] == "Z"], status["processes"]
+    # A timeout kills the whole tree, exit code exact.
+    r = _api(port, "POST", "/v1/exec", {"cmd": "sleep 30 & sleep 31", "timeout_s": 0.3})
+    assert (r["timed_out"], r["exit_code"]) == (True, -9)
+
+
+def _extraction_dirs(d: Path) -> list[str]:
+    return sorted(p.name for p in d.iterdir() if p.name.startswith(("staticx-", "_MEI")))
+
+
+# -- the test ------------------------------------------------------------------
+def test_frozen_daemon_serves_as_pid1(
+    rootfs: Path, daemon_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    port = _free_port()
+    log = tmp_path / "sandmand.log"
+    argv = _in_new_pid_ns(rootfs, "/.sandman/sandmand", "serve", "--listen", f"127.0.0.1:{port}")
+    started = time.monotonic()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, env=SANDBOX_ENV, stdout=out, stderr=subprocess.STDOUT)
+    pid1: int | None = None
+    try:
+        elapsed = _wait_healthy(proc, port, log, started)
+        with capsys.disabled():
+            print(f"\n[{rootfs.name}] first /healthz 200 after {elapsed * 1000:.0f} ms")
+
+        _exercise_api(port)
+
+        # Both stages unpacked into the daemon's dir, not the image's /tmp.
+        unpacked = _extraction_dirs(daemon_dir)
+        assert any(n.startswith("staticx-") for n in unpacked), unpacked
+        assert any(n.startswith("_MEI") for n in unpacked), unpacked
+
+        version = subprocess.run(
+            _in_new_pid_ns(rootfs, "/.sandman/sandmand", "version"),
+            env=SANDBOX_ENV,
+            capture_output=True,
+            text=True,
+            timeout=STARTUP_TIMEOUT_S,
+        )
+        assert version.returncode == 0, version.stderr
+        assert version.stdout.strip() == DAEMON_VERSION
+        if (rootfs / "tmp").is_dir():
+            # Without TMPDIR (outside a sandbox) both stages fall back to /tmp.
+            bare = subprocess.run(
+                _in_new_pid_ns(rootfs, "/.sandman/sandmand", "version"),
+                env={"PATH": SANDBOX_ENV["PATH"]},
+                capture_output=True,
+                text=True,
+                timeout=STARTUP_TIMEOUT_S,
+            )
+            assert (bare.returncode, bare.stdout.strip()) == (0, DAEMON_VERSION), bare.stderr
+
+        pid1 = _namespace_init(proc.pid)
+        os.kill(pid1, signal.SIGTERM)
+        stop = time.monotonic()
+        try:
+            rc = proc.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"PID 1 still running {STOP_TIMEOUT_S}s after SIGTERM:\n{log.read_text()}")
+        with capsys.disabled():
+            print(f"[{rootfs.name}] exited {rc} {time.monotonic() - stop:.2f}s after SIGTERM")
+        # 0 for a clean shutdown; unshare re-raises a fatal signal as itself.
+        assert rc in (0, -signal.SIGTERM, 128 + signal.SIGTERM), log.read_text()
+        # Both bootloaders removed what they unpacked (an emptyDir outlives
+        # container restarts, so leftovers would pile up).
+        assert _extraction_dirs(daemon_dir) == []
+    finally:
+        if proc.poll() is None:
+            # SIGKILL to a namespace's PID 1 kills everything in it.
+            for pid in [pid1] if pid1 else _children(proc.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            proc.kill()
+            proc.wait()
