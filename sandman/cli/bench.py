@@ -10,6 +10,7 @@ from pathlib import Path
 # name -> module under sandman.bench (the repo's bench/ folder)
 BENCHMARKS = {
     "cluster": "sandman.bench.cluster",
+    "daemon": "sandman.bench.daemon",
     "realnode": "sandman.bench.realnode",
 }
 
