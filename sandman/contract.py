@@ -1,0 +1,112 @@
+"""The pod contract (design section 2): every name and its parsing, in one place.
+
+Every component reads and writes sandbox pods through these names and
+parsers, so that the webhook, the reaper, the extender and the SDK can never
+disagree about what a label means or how "90m" is read.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from typing import Any
+
+PREFIX = "sandman.dev/"
+
+# -- inputs a user may set ---------------------------------------------------------
+LABEL_SANDBOX = PREFIX + "sandbox"  # "true": opt in; nothing else is touched
+ANN_TTL = PREFIX + "ttl"  # hard lifetime, e.g. "90m"
+ANN_IDLE_TIMEOUT = PREFIX + "idle-timeout"  # reclaim after this long without API calls
+ANN_CONTAINER = PREFIX + "container"  # which container gets the daemon
+ANN_PROFILE = PREFIX + "profile"  # policy profile, e.g. "eval", "rollout"
+ANN_TOKEN_SHA256 = PREFIX + "token-sha256"  # client-chosen token hash (hex)
+ANN_WORKSPACE = PREFIX + "workspace"  # git checkout /v1/reset restores
+
+# -- outputs the system writes --------------------------------------------------------
+ANN_INJECTED = PREFIX + "injected"  # daemon version; the idempotency marker
+LABEL_ID = PREFIX + "id"  # random sandbox id (the token is derived from it)
+ANN_EXPIRES_AT = PREFIX + "expires-at"  # RFC 3339; clients may move it later
+LABEL_POOL = PREFIX + "pool"
+LABEL_STATE = PREFIX + "state"  # warm pools: "idle" until claimed
+
+SCHEDULER_NAME = "sandman-scheduler"
+DAEMON_PORT = 7878
+DAEMON_DIR = "/.sandman"
+DAEMON_PORT_NAME = "sandman"
+NAMESPACE = "sandman-system"
+ACCESS_SECRET = "sandman-access"  # per-namespace key Secret (design section 5)
+
+# Event reasons (stable: alerts and dashboards key on them).
+REASON_INJECTED = "SandboxInjected"
+REASON_POLICY_DENIED = "PolicyDenied"
+REASON_LEASE_EXPIRED = "LeaseExpired"
+REASON_IDLE = "IdleReclaimed"
+REASON_STUCK = "StuckReclaimed"
+REASON_EXITED = "Exited"
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+class ContractError(ValueError):
+    """A pod field that does not follow the contract; the message says how to fix it."""
+
+
+def parse_duration(value: str, *, field: str = "duration") -> dt.timedelta:
+    """Go-style durations: "90m", "1h30m", "45s", "2d", "1.5h". Positive only."""
+    text = value.strip()
+    pos, total = 0, 0.0
+    for m in _DURATION.finditer(text):
+        if m.start() != pos:
+            break
+        total += float(m.group(1)) * _UNIT_S[m.group(2)]
+        pos = m.end()
+    if not text or pos != len(text):
+        raise ContractError(
+            f"{field}: {value!r} is not a duration; use forms like 90m, 1h30m, 45s, 2d"
+        )
+    if total <= 0:
+        raise ContractError(f"{field}: must be positive, got {value!r}")
+    return dt.timedelta(seconds=total)
+
+
+def format_duration(td: dt.timedelta) -> str:
+    s = int(td.total_seconds())
+    out = ""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if s >= size:
+            out += f"{s // size}{unit}"
+            s %= size
+    return out or "0s"
+
+
+def format_time(t: dt.datetime) -> str:
+    """RFC 3339 in UTC with a Z, second precision (as Kubernetes writes times)."""
+    return t.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(value: str, *, field: str = "time") -> dt.datetime:
+    try:
+        t = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise ContractError(f"{field}: {value!r} is not an RFC 3339 time") from None
+    if t.tzinfo is None:
+        raise ContractError(f"{field}: {value!r} has no time zone; use ...Z")
+    return t
+
+
+def is_sandbox(pod: dict[str, Any]) -> bool:
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return labels.get(LABEL_SANDBOX) == "true"
+
+
+def annotations(pod: dict[str, Any]) -> dict[str, str]:
+    return (pod.get("metadata") or {}).get("annotations") or {}
+
+
+def labels(pod: dict[str, Any]) -> dict[str, str]:
+    return (pod.get("metadata") or {}).get("labels") or {}
+
+
+def is_token_hash(value: str) -> bool:
+    return len(value) == 64 and all(c in "0123456789abcdef" for c in value)
