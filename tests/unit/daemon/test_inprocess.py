@@ -1,0 +1,85 @@
+"""The API app in-process (aiohttp test client): routing, auth, errors, files.
+
+Only endpoints that start no processes are driven here; the ones that do run
+against a real daemon process (see helpers.py for why).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from sandman.daemon.config import DaemonConfig
+from sandman.daemon.server import create_app
+
+TOKEN = "in-process"
+
+
+@pytest.fixture
+async def client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[TestClient]:
+    # Not a git checkout: no workspace is detected, so nothing is spawned.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d").mkdir()
+    config = DaemonConfig(
+        token_sha256=hashlib.sha256(TOKEN.encode()).hexdigest(),
+        daemon_dir=tmp_path / "d",
+        temp_dirs=(),
+    )
+    app = create_app(config, env={"PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path / "d")})
+    async with TestClient(TestServer(app)) as c:
+        c.session.headers["Authorization"] = f"Bearer {TOKEN}"
+        yield c
+
+
+async def test_routes_answer_json_errors(client: TestClient) -> None:
+    r = await client.get("/v1/sessions")
+    assert r.status == 200 and await r.json() == {"sessions": []}
+    r = await client.get("/v1/processes")
+    assert r.status == 200 and await r.json() == {"processes": []}
+    for method, path, status in (
+        ("GET", "/v1/sessions/nope", 404),
+        ("DELETE", "/v1/processes/nope", 404),
+        ("POST", "/v1/processes/nope/wait", 404),
+        ("PATCH", "/v1/exec", 405),
+        ("GET", "/v2/anything", 404),
+    ):
+        r = await client.request(method, path)
+        doc = await r.json()
+        assert r.status == status and set(doc["error"]) == {"code", "message"}, (path, doc)
+
+
+async def test_auth_is_checked_before_anything(client: TestClient) -> None:
+    r = await client.get("/v1/status", headers={"Authorization": "Bearer not-it"})
+    assert r.status == 401
+    r = await client.get("/v1/status", headers={"Authorization": "Basic abc"})
+    assert r.status == 401
+    r = await client.get("/healthz", headers={"Authorization": ""})
+    assert r.status == 200
+
+
+async def test_file_endpoints(client: TestClient, tmp_path: Path) -> None:
+    target = tmp_path / "w" / "f.txt"
+    r = await client.put(f"/v1/files?path={target}&mkdirs=true", data=b"one")
+    assert r.status == 201
+    r = await client.get(f"/v1/files?path={target}")
+    assert await r.read() == b"one"
+    r = await client.delete(f"/v1/files?path={target}")
+    assert r.status == 200 and not target.exists()
+    r = await client.delete(f"/v1/files?path={target}")
+    assert r.status == 404
+    r = await client.put(f"/v1/files?path={tmp_path}/d/x", data=b"evil")
+    assert r.status == 403 and (await r.json())["error"]["code"] == "path_protected"
+    r = await client.put(f"/v1/files?path={target}&mode=999", data=b"x")
+    assert r.status == 400
+    r = await client.get(f"/v1/files/list?path={tmp_path / 'w'}")
+    assert [e["name"] for e in (await r.json())["entries"]] == []
+
+
+async def test_status_without_workspace(client: TestClient) -> None:
+    r = await client.get("/v1/status")
+    doc = await r.json()
+    assert r.status == 200 and doc["workspace"] is None and doc["command"] is None
