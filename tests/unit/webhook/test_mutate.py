@@ -1,0 +1,237 @@
+"""Injection patches for every pod shape the contract names (applied and checked)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+
+from sandman.contract import (
+    ANN_CONTAINER,
+    ANN_EXPIRES_AT,
+    ANN_INJECTED,
+    ANN_TOKEN_SHA256,
+    ANN_TTL,
+    LABEL_ID,
+    LABEL_SANDBOX,
+)
+from sandman.webhook.mutate import (
+    INIT_CONTAINER,
+    VOLUME,
+    InjectionSettings,
+    MutationError,
+    mutate,
+)
+from sandman.webhook.policy import Profile, RuleSet
+from tests.unit.webhook.jsonpatch import apply
+
+NOW = dt.datetime(2026, 11, 30, 12, 0, 0, tzinfo=dt.UTC)
+SETTINGS = InjectionSettings(daemon_image="127.0.0.1:5000/sandman/daemon:t", version="9.9")
+RULE = RuleSet(name="r")
+
+
+def pod(**spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"generateName": "sb-", "labels": {LABEL_SANDBOX: "true"}},
+        "spec": {"containers": [{"name": "main", "image": "127.0.0.1:5000/x:1"}], **spec},
+    }
+
+
+def injected(p: dict[str, Any], rule: RuleSet = RULE) -> tuple[dict[str, Any], Any]:
+    m = mutate(
+        p,
+        rule=rule,
+        settings=SETTINGS,
+        now=NOW,
+        new_id=lambda: "abc123",
+        token_hash_for=lambda sid: "h" * 64 if sid == "abc123" else "x",
+    )
+    return apply(p, m.patch), m
+
+
+def test_basic_injection_follows_the_contract() -> None:
+    out, m = injected(pod())
+    md, spec = out["metadata"], out["spec"]
+    assert md["labels"][LABEL_ID] == "abc123" and m.sandbox_id == "abc123"
+    # Default TTL 2h (RuleSet default): expires-at = 12:00 + 2h.
+    assert md["annotations"][ANN_EXPIRES_AT] == "2026-11-30T14:00:00Z"
+    assert md["annotations"][ANN_INJECTED] == "9.9"
+    assert md["annotations"][ANN_TTL] == "2h"
+    assert spec["schedulerName"] == "sandman-scheduler"
+    assert spec["activeDeadlineSeconds"] == 24 * 3600  # max TTL 24h
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["enableServiceLinks"] is False
+    assert spec["volumes"] == [{"name": VOLUME, "emptyDir": {}}]
+    init = spec["initContainers"][0]
+    assert init["name"] == INIT_CONTAINER and init["image"] == SETTINGS.daemon_image
+    assert init["command"] == ["/sandmand", "install", "/.sandman"]
+    c = spec["containers"][0]
+    assert c["command"] == ["/.sandman/sandmand", "serve", "--listen=0.0.0.0:7878", "--"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env == {"SANDMAN_TOKEN_SHA256": "h" * 64, "TMPDIR": "/.sandman"}
+    assert {"name": VOLUME, "mountPath": "/.sandman"} in c["volumeMounts"]
+    assert c["ports"] == [{"name": "sandman", "containerPort": 7878, "protocol": "TCP"}]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": 7878}
+    assert any("entrypoint does not run" in w for w in m.warnings)
+
+
+def test_no_annotations_or_labels_maps() -> None:
+    p = pod()
+    p["metadata"] = {"name": "x", "labels": {LABEL_SANDBOX: "true"}}
+    out, _ = injected(p)
+    assert out["metadata"]["annotations"][ANN_INJECTED] == "9.9"
+    p2 = pod()
+    del p2["metadata"]["labels"]  # not a sandbox by label, but mutate itself must cope
+    out2, _ = injected(p2)
+    assert out2["metadata"]["labels"] == {LABEL_ID: "abc123"}
+
+
+def test_command_and_args_are_kept_after_the_separator() -> None:
+    c = {"name": "main", "image": "i", "command": ["python3", "-m", "srv"], "args": ["--port", "1"]}
+    out, _ = injected(pod(containers=[c]))
+    got = out["spec"]["containers"][0]
+    assert got["command"][4:] == ["python3", "-m", "srv", "--port", "1"]
+    assert "args" not in got
+
+
+def test_args_only_run_as_the_command_with_a_warning() -> None:
+    out, m = injected(pod(containers=[{"name": "main", "image": "i", "args": ["sleep", "9"]}]))
+    assert out["spec"]["containers"][0]["command"][4:] == ["sleep", "9"]
+    assert any("ENTRYPOINT is unknown" in w for w in m.warnings)
+
+
+def test_existing_init_containers_sidecars_and_several_containers() -> None:
+    p = pod(
+        initContainers=[
+            {"name": "setup", "image": "i"},
+            {"name": "proxy", "image": "i", "restartPolicy": "Always"},
+        ],
+        containers=[
+            {"name": "sidecar", "image": "s"},
+            {"name": "agent", "image": "a", "command": ["run"]},
+        ],
+    )
+    p["metadata"]["annotations"] = {ANN_CONTAINER: "agent"}
+    out, _ = injected(p)
+    names = [c["name"] for c in out["spec"]["initContainers"]]
+    assert names == [INIT_CONTAINER, "setup", "proxy"]
+    sidecar, agent = out["spec"]["containers"]
+    assert "command" not in sidecar and "env" not in sidecar
+    assert agent["command"][-1] == "run"
+
+
+def test_unknown_target_container_is_denied() -> None:
+    p = pod()
+    p["metadata"]["annotations"] = {ANN_CONTAINER: "nope"}
+    with pytest.raises(MutationError, match="names no container"):
+        injected(p)
+
+
+def test_existing_probes_env_mounts_and_security_context_survive() -> None:
+    c = {
+        "name": "main",
+        "image": "i",
+        "command": ["x"],
+        "env": [
+            {"name": "A", "value": "1"},
+            {"name": "TMPDIR", "value": "/scratch"},
+            {"name": "SANDMAN_TOKEN_SHA256", "value": "f" * 64},
+        ],
+        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+        "readinessProbe": {"exec": {"command": ["true"]}},
+        "livenessProbe": {"exec": {"command": ["true"]}},
+        "securityContext": {"runAsUser": 1000},
+        "ports": [{"containerPort": 80}],
+    }
+    out, m = injected(pod(containers=[c], volumes=[{"name": "data", "emptyDir": {}}]))
+    got = out["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in got["env"]}
+    # A user-set token hash env must not win over the webhook's.
+    assert env == {
+        "A": "1",
+        "SANDMAN_TOKEN_SHA256": "h" * 64,
+        "TMPDIR": "/.sandman",
+        "SANDMAN_TMPDIR_ORIG": "/scratch",
+    }
+    assert got["volumeMounts"][0] == {"name": "data", "mountPath": "/data"}
+    assert got["livenessProbe"] == c["livenessProbe"]
+    assert got["securityContext"] == {"runAsUser": 1000}
+    assert [p["containerPort"] for p in got["ports"]] == [80, 7878]
+    assert got["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    assert any("readinessProbe replaced" in w for w in m.warnings)
+    assert [v["name"] for v in out["spec"]["volumes"]] == ["data", VOLUME]
+
+
+def test_idempotent_when_already_injected() -> None:
+    out, _ = injected(pod())
+    m = mutate(
+        out,
+        rule=RULE,
+        settings=SETTINGS,
+        now=NOW,
+        new_id=lambda: "other",
+        token_hash_for=lambda s: "x" * 64,
+    )
+    assert m.patch == []
+
+
+def test_template_id_is_replaced_and_client_token_hash_kept() -> None:
+    p = pod()
+    p["metadata"]["labels"][LABEL_ID] = "copied-from-template"
+    p["metadata"]["annotations"] = {ANN_TOKEN_SHA256: "a" * 64, ANN_TTL: "90m"}
+    out, _ = injected(p)
+    assert out["metadata"]["labels"][LABEL_ID] == "abc123"
+    env = {e["name"]: e["value"] for e in out["spec"]["containers"][0]["env"]}
+    assert env["SANDMAN_TOKEN_SHA256"] == "a" * 64
+    assert out["metadata"]["annotations"][ANN_EXPIRES_AT] == "2026-11-30T13:30:00Z"
+
+
+@pytest.mark.parametrize("ann", [{ANN_TOKEN_SHA256: "short"}, {ANN_TTL: "soon"}])
+def test_contract_breaches_are_denied(ann: dict[str, str]) -> None:
+    p = pod()
+    p["metadata"]["annotations"] = ann
+    with pytest.raises(MutationError):
+        injected(p)
+
+
+def test_reserved_names_and_port_clash() -> None:
+    with pytest.raises(MutationError, match="reserved"):
+        injected(pod(volumes=[{"name": VOLUME, "emptyDir": {}}]))
+    with pytest.raises(MutationError, match="port 7878"):
+        injected(pod(containers=[{"name": "m", "image": "i", "ports": [{"containerPort": 7878}]}]))
+
+
+def test_policy_defaults_profiles_and_custom_scheduler() -> None:
+    rule = RuleSet(
+        name="r",
+        runtime_class_name="gvisor",
+        default_requests={"cpu": "500m", "memory": "1Gi"},
+        default_limits={"memory": "512Mi"},
+        profiles={
+            "rollout": Profile("rollout"),
+            "eval": Profile(
+                "eval",
+                guaranteed_qos=True,
+                node_selector={"pool": "eval"},
+                tolerations=({"key": "eval", "operator": "Exists"},),
+            ),
+        },
+    )
+    out, _ = injected(pod(schedulerName="my-scheduler"), rule)
+    spec = out["spec"]
+    assert spec["schedulerName"] == "my-scheduler"  # a deliberate scheduler is kept
+    assert spec["runtimeClassName"] == "gvisor"
+    res = spec["containers"][0]["resources"]
+    # The 1Gi default request is above the 512Mi default limit: left out.
+    assert res == {"requests": {"cpu": "500m"}, "limits": {"memory": "512Mi"}}
+    p = pod()
+    p["metadata"]["annotations"] = {"sandman.dev/profile": "eval"}
+    out, _ = injected(p, rule)
+    spec = out["spec"]
+    assert spec["nodeSelector"] == {"pool": "eval"}
+    assert spec["tolerations"] == [{"key": "eval", "operator": "Exists"}]
+    res = spec["containers"][0]["resources"]
+    assert res["requests"] == res["limits"] == {"cpu": "500m", "memory": "512Mi"}

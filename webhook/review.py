@@ -1,0 +1,256 @@
+"""AdmissionReview in, AdmissionReview out: the webhook's decisions (no I/O).
+
+Two error channels, as the API server expects (kopf's webhooks do the same):
+a review that cannot be understood is the caller's bug and gets an HTTP 4xx
+(:class:`WebhookError`); a pod that breaks the policy or the contract gets a
+200 with ``allowed: false`` and a message that names the rule and the fix.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sandman.contract import (
+    ANN_EXPIRES_AT,
+    LABEL_ID,
+    LABEL_SANDBOX,
+    NAMESPACE,
+    ContractError,
+    annotations,
+    is_sandbox,
+    labels,
+    parse_time,
+)
+from sandman.webhook.mutate import InjectionSettings, MutationError, mutate
+from sandman.webhook.policy import Policy, RuleSet, Violation, check
+
+log = logging.getLogger("sandman.webhook")
+
+PROTECTED_NAMESPACES = frozenset({"kube-system", NAMESPACE})
+
+
+class WebhookError(Exception):
+    """A malformed request: answered with an HTTP error, not a review."""
+
+    status = 400
+
+
+class MalformedReview(WebhookError):
+    status = 400
+
+
+class UnknownEndpoint(WebhookError):
+    status = 404
+
+
+@dataclass(frozen=True)
+class Review:
+    uid: str
+    operation: str
+    namespace: str
+    obj: dict[str, Any]
+    old: dict[str, Any] | None
+    dry_run: bool
+    kind: str
+
+
+def parse_review(body: Any) -> Review:
+    if not isinstance(body, dict) or body.get("kind") != "AdmissionReview":
+        raise MalformedReview("expected an AdmissionReview")
+    if body.get("apiVersion") != "admission.k8s.io/v1":
+        raise MalformedReview("only admission.k8s.io/v1 reviews are supported")
+    req = body.get("request")
+    if not isinstance(req, dict) or not isinstance(req.get("uid"), str):
+        raise MalformedReview("the review has no request.uid")
+    kind = (req.get("kind") or {}).get("kind", "")
+    obj = req.get("object")
+    if req.get("operation") != "DELETE" and not isinstance(obj, dict):
+        raise MalformedReview("the review has no request.object")
+    return Review(
+        uid=req["uid"],
+        operation=req.get("operation", ""),
+        namespace=req.get("namespace") or "",
+        obj=obj or {},
+        old=req.get("oldObject"),
+        dry_run=bool(req.get("dryRun")),
+        kind=kind,
+    )
+
+
+@dataclass
+class Outcome:
+    """A decision plus what the server should count and log about it."""
+
+    allowed: bool
+    patch: list[dict[str, Any]] | None = None
+    warnings: list[str] = field(default_factory=list)
+    message: str = ""
+    result: str = "allowed"  # allowed | injected | denied | warned | audited | skipped
+    rule_ids: list[str] = field(default_factory=list)
+    mode: str = ""
+    sandbox_id: str | None = None
+
+    def response(self, uid: str) -> dict[str, Any]:
+        resp: dict[str, Any] = {"uid": uid, "allowed": self.allowed}
+        if self.patch:
+            resp["patchType"] = "JSONPatch"
+            resp["patch"] = base64.b64encode(json.dumps(self.patch).encode()).decode()
+        if self.warnings:
+            # The apiserver caps warnings; keep each short and their number small.
+            resp["warnings"] = [w[:256] for w in self.warnings[:10]]
+        if not self.allowed:
+            resp["status"] = {"code": 403, "reason": "Forbidden", "message": self.message}
+        return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": resp}
+
+
+@dataclass(frozen=True)
+class Context:
+    """Everything a decision depends on, injected (tests pin each of them)."""
+
+    policy: Callable[[], Policy]
+    namespace_labels: Callable[[str], dict[str, str]]
+    settings: InjectionSettings
+    now: Callable[[], dt.datetime]
+    new_id: Callable[[], str]
+    token_hash_for: Callable[[str, str], str]  # (namespace, sandbox id) -> sha256 hex
+
+    def rule_for(self, namespace: str) -> RuleSet:
+        return self.policy().select(self.namespace_labels(namespace))
+
+
+def _name(r: Review) -> str:
+    md = r.obj.get("metadata") or {}
+    return f"{r.namespace}/{md.get('name') or md.get('generateName', '') + '*'}"
+
+
+def decide_mutation(ctx: Context, r: Review) -> Outcome:
+    if r.kind != "Pod" or r.operation != "CREATE":
+        return Outcome(True, result="skipped")
+    if r.namespace in PROTECTED_NAMESPACES or not is_sandbox(r.obj):
+        return Outcome(True, result="skipped")
+    rule = ctx.rule_for(r.namespace)
+    try:
+        m = mutate(
+            r.obj,
+            rule=rule,
+            settings=ctx.settings,
+            now=ctx.now(),
+            new_id=ctx.new_id,
+            token_hash_for=lambda sid: ctx.token_hash_for(r.namespace, sid),
+        )
+    except MutationError as e:
+        return Outcome(False, message=f"sandman: {e}", result="denied", rule_ids=["contract"])
+    return Outcome(
+        True,
+        patch=m.patch,
+        warnings=m.warnings,
+        result="injected" if m.patch else "allowed",
+        sandbox_id=m.sandbox_id,
+    )
+
+
+def _denial(violations: list[Violation], rule: RuleSet) -> str:
+    lines = "; ".join(v.text() for v in violations)
+    return f"sandman policy {rule.name!r} ({rule.mode}): {lines}"
+
+
+def decide_validation(ctx: Context, r: Review) -> Outcome:
+    if r.kind != "Pod" or r.namespace in PROTECTED_NAMESPACES:
+        return Outcome(True, result="skipped")
+    rule = ctx.rule_for(r.namespace)
+    if r.operation == "UPDATE" and r.old is not None:
+        return _validate_update(ctx, r, rule)
+    if r.operation != "CREATE" or not is_sandbox(r.obj):
+        return Outcome(True, result="skipped")
+    violations = check(
+        r.obj, rule, trusted_images=frozenset({ctx.settings.daemon_image}), now=ctx.now()
+    )
+    return _apply_mode(violations, rule)
+
+
+def _apply_mode(violations: list[Violation], rule: RuleSet) -> Outcome:
+    if not violations:
+        return Outcome(True, result="allowed", mode=rule.mode)
+    ids = sorted({v.rule for v in violations})
+    if rule.mode == "enforce":
+        return Outcome(
+            False, message=_denial(violations, rule), result="denied", rule_ids=ids, mode=rule.mode
+        )
+    if rule.mode == "warn":
+        return Outcome(
+            True,
+            warnings=[f"sandman policy: {v.text()}" for v in violations],
+            result="warned",
+            rule_ids=ids,
+            mode=rule.mode,
+        )
+    log.info("audit: %s", _denial(violations, rule))
+    return Outcome(True, result="audited", rule_ids=ids, mode=rule.mode)
+
+
+def _validate_update(ctx: Context, r: Review, rule: RuleSet) -> Outcome:
+    old, new = r.old or {}, r.obj
+    if not is_sandbox(old):
+        return Outcome(True, result="skipped")
+    violations = []
+    if labels(new).get(LABEL_SANDBOX) != "true":
+        violations.append(
+            Violation(
+                "sandbox-label",
+                f"label {LABEL_SANDBOX} cannot be removed from a sandbox "
+                "(it would escape its lease)",
+                "delete the pod instead",
+            )
+        )
+    if labels(old).get(LABEL_ID) and labels(new).get(LABEL_ID) != labels(old).get(LABEL_ID):
+        violations.append(
+            Violation(
+                "sandbox-id",
+                f"label {LABEL_ID} is immutable (the access token derives from it)",
+                "leave the label as the webhook set it",
+            )
+        )
+    new_exp = annotations(new).get(ANN_EXPIRES_AT)
+    if new_exp is not None and new_exp != annotations(old).get(ANN_EXPIRES_AT):
+        created = (old.get("metadata") or {}).get("creationTimestamp")
+        try:
+            exp = parse_time(new_exp, field=ANN_EXPIRES_AT)
+            start = parse_time(created, field="creationTimestamp") if created else ctx.now()
+        except ContractError as e:
+            violations.append(
+                Violation("lease-format", str(e), "use RFC 3339, e.g. 2026-11-30T12:00:00Z")
+            )
+        else:
+            if exp > start + rule.max_ttl:
+                limit = start + rule.max_ttl
+                violations.append(
+                    Violation(
+                        "lease-max",
+                        f"{ANN_EXPIRES_AT}={new_exp} is past the maximum lifetime "
+                        f"({limit.strftime('%Y-%m-%dT%H:%M:%SZ')})",
+                        "extend the lease to at most creation time + the policy's max TTL",
+                    )
+                )
+    if not violations:
+        return Outcome(True, result="allowed")
+    # Contract breaches (label, id) are denied in every mode; lease limits follow it.
+    hard = [v for v in violations if v.rule in ("sandbox-label", "sandbox-id")]
+    if hard:
+        return Outcome(
+            False,
+            message=_denial(violations, rule),
+            result="denied",
+            rule_ids=sorted({v.rule for v in violations}),
+            mode="enforce",
+        )
+    return _apply_mode(violations, rule)
+
+
+def describe(r: Review) -> str:
+    return _name(r)
