@@ -1,1 +1,5 @@
 """Mutating/validating admission webhook: daemon injection and sandbox policy."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"

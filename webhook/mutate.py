@@ -44,6 +44,7 @@ ENV_TOKEN = "SANDMAN_TOKEN_SHA256"
 ENV_WORKSPACE = "SANDMAN_WORKSPACE"
 ENV_TMPDIR_ORIG = "SANDMAN_TMPDIR_ORIG"
 OUR_ENV = (ENV_TOKEN, ENV_WORKSPACE, ENV_TMPDIR_ORIG, "TMPDIR")
+SA_VOLUME_PREFIX = "kube-api-access-"  # what the ServiceAccount admission plugin adds
 
 # The install step copies one 15 MB file; these fit it with room, and keep a
 # sandbox's resource accounting honest without reserving much.
@@ -177,6 +178,7 @@ def mutate(
         m.op("add", "/spec/activeDeadlineSeconds", backstop)
     if not (rule.allow_service_account_token and spec.get("automountServiceAccountToken")):
         m.op("add", "/spec/automountServiceAccountToken", False)
+        _remove_token_volume(m, spec)
     if not (rule.allow_service_links and spec.get("enableServiceLinks")):
         m.op("add", "/spec/enableServiceLinks", False)
     if rule.runtime_class_name and not spec.get("runtimeClassName"):
@@ -279,6 +281,35 @@ def _rewrite_container(
             "timeoutSeconds": 1,
         },
     )
+
+
+def _remove_token_volume(m: Mutation, spec: dict[str, Any]) -> None:
+    """Undo the ServiceAccount admission plugin's token volume.
+
+    That plugin runs before any webhook, so by the time we set
+    automountServiceAccountToken: false it has already added a projected
+    ``kube-api-access-*`` volume and mounted it into every container.
+    Removals go first and by descending index, so later appends still apply.
+    """
+    volumes = spec.get("volumes") or []
+    doomed = {
+        v["name"]
+        for v in volumes
+        if v.get("name", "").startswith(SA_VOLUME_PREFIX)
+        and any(
+            "serviceAccountToken" in src for src in (v.get("projected") or {}).get("sources") or []
+        )
+    }
+    if not doomed:
+        return
+    for kind in ("initContainers", "containers"):
+        for ci, c in enumerate(spec.get(kind) or []):
+            for mi in reversed(range(len(c.get("volumeMounts") or []))):
+                if c["volumeMounts"][mi].get("name") in doomed:
+                    m.op("remove", f"/spec/{kind}/{ci}/volumeMounts/{mi}")
+    for vi in reversed(range(len(volumes))):
+        if volumes[vi].get("name") in doomed:
+            m.op("remove", f"/spec/volumes/{vi}")
 
 
 def _apply_profile(m: Mutation, pod: dict[str, Any], rule: RuleSet) -> None:

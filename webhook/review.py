@@ -185,7 +185,7 @@ def _apply_mode(violations: list[Violation], rule: RuleSet) -> Outcome:
     if rule.mode == "warn":
         return Outcome(
             True,
-            warnings=[f"sandman policy: {v.text()}" for v in violations],
+            warnings=[f"sandman policy {rule.name!r} (warn): {v.text()}" for v in violations],
             result="warned",
             rule_ids=ids,
             mode=rule.mode,

@@ -8,6 +8,7 @@ import sys
 
 from sandman import __version__
 from sandman.cli import bench, cluster, image
+from sandman.webhook import cli as webhook_cli
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="cmd", required=True)
     cluster.add_parser(sub)
     image.add_parser(sub)
+    webhook_cli.add_parser(sub)
     bench.add_parser(sub)
     return parser
 

@@ -235,3 +235,36 @@ def test_policy_defaults_profiles_and_custom_scheduler() -> None:
     assert spec["tolerations"] == [{"key": "eval", "operator": "Exists"}]
     res = spec["containers"][0]["resources"]
     assert res["requests"] == res["limits"] == {"cpu": "500m", "memory": "512Mi"}
+
+
+def test_service_account_token_volume_added_by_admission_is_removed() -> None:
+    # What the ServiceAccount admission plugin adds before any webhook runs.
+    token_vol = {
+        "name": "kube-api-access-x1y2z",
+        "projected": {
+            "sources": [
+                {"serviceAccountToken": {"path": "token"}},
+                {"configMap": {"name": "kube-root-ca.crt"}},
+            ]
+        },
+    }
+    mount = {"name": "kube-api-access-x1y2z", "mountPath": "/var/run/secrets/kubernetes.io/sa"}
+    p = pod(
+        volumes=[{"name": "data", "emptyDir": {}}, token_vol],
+        initContainers=[{"name": "init", "image": "i", "volumeMounts": [mount]}],
+        containers=[
+            {
+                "name": "main",
+                "image": "i",
+                "volumeMounts": [{"name": "data", "mountPath": "/d"}, mount],
+            },
+            {"name": "side", "image": "i", "volumeMounts": [mount]},
+        ],
+    )
+    out, _ = injected(p)
+    spec = out["spec"]
+    assert [v["name"] for v in spec["volumes"]] == ["data", VOLUME]
+    assert spec["initContainers"][1]["volumeMounts"] == []
+    assert [m["name"] for m in spec["containers"][0]["volumeMounts"]] == ["data", VOLUME]
+    assert spec["containers"][1]["volumeMounts"] == []
+    assert spec["automountServiceAccountToken"] is False

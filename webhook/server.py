@@ -1,0 +1,302 @@
+"""The webhook's HTTPS server: app factory, lifecycle, transport (no decisions).
+
+Decisions live in ``review`` (a dict in, a dict out); this module moves bytes,
+holds the caches those decisions read, counts and logs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import logging
+import signal
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from sandman import tokens
+from sandman.contract import REASON_INJECTED, REASON_POLICY_DENIED
+from sandman.events import EventRecorder, ObjectRef
+from sandman.informer import Informer
+from sandman.kube_async import MUTATING_WEBHOOKS, NAMESPACES, VALIDATING_WEBHOOKS, KubeClient
+from sandman.webhook import __version__
+from sandman.webhook.access import AccessPublisher, load_or_create_cluster_key
+from sandman.webhook.certs import CertManager
+from sandman.webhook.config import WebhookConfig
+from sandman.webhook.metrics import WebhookMetrics
+from sandman.webhook.mutate import InjectionSettings
+from sandman.webhook.policy_source import PolicySource
+from sandman.webhook.review import (
+    Context,
+    Outcome,
+    Review,
+    WebhookError,
+    decide_mutation,
+    decide_validation,
+    parse_review,
+)
+
+log = logging.getLogger("sandman.webhook")
+
+# The apiserver's own cap on an admission request body is 3 MiB; a little more
+# leaves room for the AdmissionReview envelope.
+MAX_REVIEW_BYTES = 4 << 20
+
+
+@dataclass
+class WebhookState:
+    config: WebhookConfig
+    client: KubeClient
+    metrics: WebhookMetrics
+    policy: PolicySource = field(default_factory=PolicySource)
+    certs: CertManager | None = None
+    namespaces: Informer | None = None
+    recorder: EventRecorder | None = None
+    cluster_key: bytes | None = None
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    extra_ns_labels: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def ns_labels(self, namespace: str) -> dict[str, str]:
+        if self.namespaces is not None:
+            ns = self.namespaces.store.get(f"/{namespace}")
+            if ns is not None:
+                return (ns.get("metadata") or {}).get("labels") or {}
+        return self.extra_ns_labels.get(namespace, {})
+
+    def context(self) -> Context:
+        key = self.cluster_key
+        assert key is not None
+
+        def token_hash_for(namespace: str, sid: str) -> str:
+            return tokens.token_sha256(
+                tokens.sandbox_token(tokens.namespace_key(key, namespace), sid)
+            )
+
+        return Context(
+            policy=self.policy.current,
+            namespace_labels=self.ns_labels,
+            settings=InjectionSettings(daemon_image=self.config.daemon_image, version=__version__),
+            now=lambda: dt.datetime.now(dt.UTC),
+            new_id=tokens.new_sandbox_id,
+            token_hash_for=token_hash_for,
+        )
+
+    def ready(self) -> tuple[bool, list[str]]:
+        missing = []
+        if self.certs is None or not self.certs.ready.is_set():
+            missing.append("tls")
+        if not self.policy.loaded.is_set():
+            missing.append("policy")
+        if self.cluster_key is None:
+            missing.append("cluster-key")
+        if self.namespaces is None or not self.namespaces.synced.is_set():
+            missing.append("namespaces")
+        return not missing, missing
+
+
+STATE = web.AppKey("state", WebhookState)
+
+
+async def _namespace_labels_for(st: WebhookState, namespace: str) -> None:
+    # A namespace created a moment ago may not be in the informer yet; its
+    # labels decide which rules apply, so fetch rather than guess.
+    if not namespace or st.ns_labels(namespace) or namespace in st.extra_ns_labels:
+        return
+    try:
+        ns = await st.client.get(NAMESPACES, namespace)
+        st.extra_ns_labels[namespace] = (ns.get("metadata") or {}).get("labels") or {}
+    except Exception as e:
+        log.warning("labels of namespace %s unknown (%s); default rules apply", namespace, e)
+
+
+async def _admit(request: web.Request, endpoint: str) -> web.Response:
+    st = request.app[STATE]
+    t0 = time.monotonic()
+    try:
+        raw = await request.content.read(MAX_REVIEW_BYTES + 1)
+        if len(raw) > MAX_REVIEW_BYTES:
+            raise WebhookError("review too large")
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            raise WebhookError("the body is not JSON") from None
+        review = parse_review(body)
+    except WebhookError as e:
+        st.metrics.admissions.labels(endpoint, "malformed", "").inc()
+        return web.json_response({"error": str(e)}, status=e.status)
+    await _namespace_labels_for(st, review.namespace)
+    ctx = st.context()
+    outcome = (
+        decide_mutation(ctx, review) if endpoint == "mutate" else decide_validation(ctx, review)
+    )
+    elapsed = time.monotonic() - t0
+    st.metrics.observe(endpoint, outcome, elapsed)
+    _record(st, review, outcome, endpoint)
+    return web.json_response(outcome.response(review.uid))
+
+
+def _record(st: WebhookState, r: Review, outcome: Outcome, endpoint: str) -> None:
+    if outcome.result in ("skipped", "allowed") and not outcome.patch:
+        return
+    log.info(
+        json.dumps(
+            {
+                "endpoint": endpoint,
+                "namespace": r.namespace,
+                "result": outcome.result,
+                "rules": outcome.rule_ids,
+                "dryRun": r.dry_run,
+                "sandbox": outcome.sandbox_id,
+                "message": outcome.message[:300],
+            }
+        )
+    )
+    if r.dry_run or st.recorder is None:
+        return  # sideEffects: NoneOnDryRun
+    md = r.obj.get("metadata") or {}
+    owners = md.get("ownerReferences") or []
+    if outcome.result == "denied":
+        # The pod does not exist (and may have no name yet); its owner does.
+        if owners:
+            o = owners[0]
+            ref = ObjectRef(
+                o["kind"], r.namespace, o["name"], o.get("uid", ""), o.get("apiVersion", "v1")
+            )
+        else:
+            ref = ObjectRef("Pod", r.namespace, md.get("name") or md.get("generateName", ""))
+        st.recorder.emit(ref, REASON_POLICY_DENIED, outcome.message, "Warning")
+    elif outcome.result == "injected" and st.config.event_on_inject:
+        ref = ObjectRef("Pod", r.namespace, md.get("name") or md.get("generateName", ""))
+        st.recorder.emit(ref, REASON_INJECTED, f"daemon injected, sandbox id {outcome.sandbox_id}")
+
+
+async def mutate_handler(request: web.Request) -> web.Response:
+    return await _admit(request, "mutate")
+
+
+async def validate_handler(request: web.Request) -> web.Response:
+    return await _admit(request, "validate")
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"ok": True})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    ok, missing = request.app[STATE].ready()
+    return web.json_response({"ok": ok, "waiting_for": missing}, status=200 if ok else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    st = request.app[STATE]
+    st.metrics.refresh(st)
+    return web.Response(
+        body=generate_latest(st.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+    )
+
+
+def create_app(config: WebhookConfig, client: KubeClient, certs: CertManager) -> web.Application:
+    state = WebhookState(config=config, client=client, metrics=WebhookMetrics.create(), certs=certs)
+    app = web.Application(client_max_size=MAX_REVIEW_BYTES)
+    app[STATE] = state
+    app.router.add_post("/mutate", mutate_handler)
+    app.router.add_post("/validate", validate_handler)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    app.cleanup_ctx.append(_lifecycle)
+    return app
+
+
+async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
+    st = app[STATE]
+    cfg = st.config
+    st.client.open()
+    tasks: list[asyncio.Task[Any]] = []
+    st.cluster_key = await load_or_create_cluster_key(st.client, cfg.namespace)
+    publisher = AccessPublisher(st.client, st.cluster_key, set(cfg.excluded_namespaces))
+    st.namespaces = Informer(st.client, NAMESPACES, publisher.on_namespace)
+    st.recorder = EventRecorder(st.client, "sandman-webhook")
+    tasks += [
+        asyncio.ensure_future(st.namespaces.run(st.stop)),
+        asyncio.ensure_future(publisher.run(st.stop)),
+        asyncio.ensure_future(st.recorder.run(st.stop)),
+    ]
+    if st.certs is not None:
+        tasks.append(asyncio.ensure_future(st.certs.run(st.stop)))
+    if cfg.policy_configmap:
+        tasks.append(
+            asyncio.ensure_future(
+                st.policy.watch_configmap(st.client, cfg.policy_configmap, st.stop)
+            )
+        )
+    elif cfg.policy_file:
+        tasks.append(asyncio.ensure_future(st.policy.watch_file(cfg.policy_file, st.stop)))
+    else:
+        st.policy.loaded.set()  # built-in defaults
+    yield
+    st.stop.set()
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await st.client.close()
+
+
+def cert_manager(config: WebhookConfig, client: KubeClient) -> CertManager:
+    return CertManager(
+        client if config.tls_cert_file is None else None,
+        namespace=config.namespace,
+        secret_name=config.tls_secret,
+        dns_names=config.dns_names,
+        ip_addresses=config.extra_ips,
+        webhook_configs=(
+            (MUTATING_WEBHOOKS, config.config_name),
+            (VALIDATING_WEBHOOKS, config.config_name),
+        ),
+        ca_validity=config.ca_validity,
+        cert_validity=config.cert_validity,
+        cert_file=config.tls_cert_file,
+        key_file=config.tls_key_file,
+        work_dir=config.work_dir,
+    )
+
+
+async def _serve(config: WebhookConfig) -> int:
+    client = KubeClient.from_kubeconfig(config.kubeconfig, user_agent="sandman-webhook")
+    certs = cert_manager(config, client)
+    client.open()
+    # The TLS material must exist before the site can start.
+    await certs.reconcile()
+    app = create_app(config, client, certs)
+    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(
+        runner,
+        config.host,
+        config.port,
+        ssl_context=certs.ssl_context(),
+        reuse_address=True,
+        backlog=1024,
+    )
+    await site.start()
+    log.info("webhook serving on https://%s:%d (version %s)", config.host, config.port, __version__)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    app[STATE].stop.set()
+    await runner.cleanup()
+    return 0
+
+
+def serve(config: WebhookConfig) -> int:
+    from sandman.logs import setup_json_logging
+
+    setup_json_logging()
+    return asyncio.run(_serve(config))
