@@ -85,6 +85,7 @@ def start_test_cluster(kwok_nodes: int = 3) -> ClusterBed:
         ports=Ports.free(),
         kwok_nodes=kwok_nodes,
         real_node=RealNodeConfig(enabled=no_real is None),
+        deploy_sandman=True,
     )
     cluster = LocalCluster(cfg)
     try:

@@ -43,6 +43,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "needs root; installs Debian packages it lacks",
     )
     up.add_argument(
+        "--deploy",
+        action="store_true",
+        default=None,
+        help="also run Sandman's components (webhook, ...) on it",
+    )
+    up.add_argument(
         "--free-ports",
         action="store_true",
         help="pick unused loopback ports instead of the defaults (new clusters only)",
@@ -85,7 +91,12 @@ def _config_from_args(args: argparse.Namespace) -> ClusterConfig:
     if args.real_node:
         real = dataclasses.replace(real, enabled=True)
     return dataclasses.replace(
-        base, state_dir=state_dir, kwok_nodes=nodes, kwok_node=shape, real_node=real
+        base,
+        state_dir=state_dir,
+        kwok_nodes=nodes,
+        kwok_node=shape,
+        real_node=real,
+        deploy_sandman=base.deploy_sandman or bool(args.deploy),
     )
 
 

@@ -71,6 +71,7 @@ class Ports:
     scheduler: int = 20259
     sandman_scheduler: int = 20261
     kwok: int = 20247
+    webhook: int = 20443
 
     @classmethod
     def free(cls) -> Ports:
@@ -160,6 +161,8 @@ class ClusterConfig:
     sandman_scheduler: bool = False
     extenders: tuple[ExtenderSpec, ...] = ()
     real_node: RealNodeConfig = field(default_factory=RealNodeConfig)
+    # Run Sandman's own components (webhook, ...) as host processes.
+    deploy_sandman: bool = False
     # Seconds each component gets to become healthy before `up` fails.
     start_timeout_s: float = 60.0
 
@@ -181,11 +184,12 @@ class ClusterConfig:
             cache_dir=Path(d["cache_dir"]),
             kwok_nodes=int(d["kwok_nodes"]),
             kwok_node=KwokNodeShape(**d["kwok_node"]),
-            ports=Ports(**d["ports"]),
+            ports=Ports(**{**dataclasses.asdict(Ports()), **d["ports"]}),
             versions=Versions(**d["versions"]),
             sandman_scheduler=bool(d.get("sandman_scheduler", False)),
             extenders=tuple(ExtenderSpec(**e) for e in d.get("extenders", [])),
             real_node=RealNodeConfig(**d.get("real_node", {})),
+            deploy_sandman=bool(d.get("deploy_sandman", False)),
             start_timeout_s=float(d.get("start_timeout_s", 60.0)),
         )
 

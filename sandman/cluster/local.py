@@ -27,10 +27,12 @@ from kubernetes.client.exceptions import ApiException
 from sandman.cluster import components as comp
 from sandman.cluster.binaries import Binaries, ensure_binaries
 from sandman.cluster.config import ClusterConfig
+from sandman.cluster.deploy import LocalDeployment
 from sandman.cluster.kwok_nodes import KWOK_NODE_SELECTOR, is_ready, kwok_node, kwok_node_name
 from sandman.cluster.node import RealNode
 from sandman.cluster.pki import write_kubeconfig
 from sandman.cluster.process import ComponentFailed, ManagedProcess, wait_healthy, wait_until
+from sandman.images.build import ImageBuilder, image_ref
 from sandman.kube import api_client, raw
 
 Progress = Callable[[str], None]
@@ -132,7 +134,9 @@ class LocalCluster:
         specs: list[tuple[str, int, tuple[comp.ExtenderSpec, ...]]] = [
             ("default-scheduler", cfg.ports.scheduler, ())
         ]
-        if cfg.sandman_scheduler:
+        # Injected sandboxes ask for sandman-scheduler: it runs whenever Sandman is
+        # deployed (with the extender once one is configured).
+        if cfg.sandman_scheduler or cfg.deploy_sandman:
             specs.append((comp.SANDMAN_SCHEDULER, cfg.ports.sandman_scheduler, cfg.extenders))
         for name, port, _extenders in specs:
             conf = lay.config_dir / f"{name}.yaml"
@@ -153,7 +157,19 @@ class LocalCluster:
         return [
             *self._control_plane(),
             *(self.real_node.processes() if self.real_node else []),
+            *(self.deployment.processes() if self.deployment else []),
         ]
+
+    @property
+    def deployment(self) -> LocalDeployment | None:
+        if not self.config.deploy_sandman:
+            return None
+        return LocalDeployment(self.config, self.layout, self.daemon_image(), self._progress)
+
+    def daemon_image(self) -> str:
+        """The daemon image reference the webhook injects (content-keyed tag)."""
+        registry = self.config.real_node.registry
+        return image_ref("daemon", registry, self.config.cache_dir)
 
     def _control_plane(self) -> list[ManagedProcess]:
         lay, bins, cfg = self.layout, self.binaries, self.config
@@ -190,6 +206,9 @@ class LocalCluster:
             checks[proc.name] = lambda port=port: _http_ok(f"https://127.0.0.1:{port}/healthz", ins)
         if self.real_node:
             checks.update(self.real_node.health_checks())
+        if self.config.deploy_sandman:
+            deployment = LocalDeployment(self.config, self.layout, "", self._progress)
+            checks.update(deployment.health_checks())
         return checks
 
     @contextlib.contextmanager
@@ -222,6 +241,8 @@ class LocalCluster:
             self._wait_default_service_account()
             if self.real_node:
                 self.real_node.up()
+            if self.config.deploy_sandman:
+                self._deploy()
         nodes = f"{self.config.kwok_nodes} kwok nodes"
         if self.real_node:
             nodes += f" + real node {self.config.real_node.name}"
@@ -229,6 +250,15 @@ class LocalCluster:
             f"cluster up in {time.monotonic() - t0:.1f}s: {nodes}; "
             f"export KUBECONFIG={self.kubeconfig}"
         )
+
+    def _deploy(self) -> None:
+        image = self.daemon_image()
+        if self.real_node:
+            # Pods on the real node pull it; kwok pods only carry the name.
+            ImageBuilder(self.config.cache_dir, self._progress).build_and_push(
+                "daemon", self.real_node.registry
+            )
+        LocalDeployment(self.config, self.layout, image, self._progress).up()
 
     def _write_files(self) -> None:
         lay = self.layout
@@ -308,7 +338,10 @@ class LocalCluster:
     def down(self, *, purge: bool = False) -> list[str]:
         """Stop every component (reverse start order); optionally delete state."""
         with self._locked():
-            stopped = self.real_node.down() if self.real_node else []
+            stopped: list[str] = []
+            if self.config.deploy_sandman:
+                stopped += LocalDeployment(self.config, self.layout, "", self._progress).down()
+            stopped += self.real_node.down() if self.real_node else []
             stopped += [p.name for p in reversed(self._control_plane()) if p.stop()]
             if purge:
                 for child in self.config.state_dir.iterdir():

@@ -1,0 +1,195 @@
+"""Sandman's own components on the local cluster, run as host processes.
+
+In-cluster, the webhook is a Deployment behind a Service (manifests/). On the
+local cluster the apiserver runs on the host, so the webhook does too and is
+registered with a URL ``clientConfig`` (https://127.0.0.1:PORT/...); its
+webhook configurations are the manifests' own, with only the clientConfig
+swapped, so both modes test the same selectors and failure policies.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import ssl
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes.client import AdmissionregistrationV1Api, CoreV1Api
+from kubernetes.client.exceptions import ApiException
+
+from sandman.cluster.components import Layout
+from sandman.cluster.config import ClusterConfig
+from sandman.cluster.process import ManagedProcess, wait_healthy, wait_until
+from sandman.contract import NAMESPACE
+from sandman.kube import api_client
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+MANIFESTS = REPO_ROOT / "manifests"
+WEBHOOK_CONFIGS = MANIFESTS / "webhook" / "webhookconfigurations.yaml"
+
+# The local cluster's policy: every test and demo image comes from the local
+# registry, so anything else is refused (the rule an admin would start with).
+LOCAL_POLICY = """\
+apiVersion: sandman.dev/v1alpha1
+kind: SandboxPolicy
+rules:
+- name: local-default
+  mode: enforce
+  allowedRegistries: ["127.0.0.1:5000/*"]
+  ttl: {default: 2h, max: 24h}
+  profiles:
+    rollout: {}
+    eval: {guaranteedQoS: true, reuse: false}
+"""
+
+Progress = Callable[[str], None]
+
+
+def _insecure() -> ssl.SSLContext:
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def webhook_configurations(url: str, ca_bundle: str | None) -> list[dict[str, Any]]:
+    """The manifests' webhook configurations, pointed at a URL instead of a Service."""
+    docs = [d for d in yaml.safe_load_all(WEBHOOK_CONFIGS.read_text()) if d]
+    out = []
+    for doc in docs:
+        doc = copy.deepcopy(doc)
+        for hook in doc["webhooks"]:
+            path = hook["clientConfig"]["service"]["path"]
+            hook["clientConfig"] = {"url": url + path}
+            if ca_bundle:
+                hook["clientConfig"]["caBundle"] = ca_bundle
+        out.append(doc)
+    return out
+
+
+class LocalDeployment:
+    """Sandman's components for one local cluster. Not thread-safe."""
+
+    def __init__(
+        self, config: ClusterConfig, layout: Layout, daemon_image: str, progress: Progress
+    ) -> None:
+        self.config = config
+        self.layout = layout
+        self.daemon_image = daemon_image
+        self.progress = progress
+
+    @property
+    def webhook_url(self) -> str:
+        return f"https://127.0.0.1:{self.config.ports.webhook}"
+
+    @property
+    def policy_file(self) -> Path:
+        return self.layout.config_dir / "policy.yaml"
+
+    def processes(self) -> list[ManagedProcess]:
+        argv = [
+            sys.executable,
+            "-m",
+            "sandman.webhook",
+            "serve",
+            f"--listen=127.0.0.1:{self.config.ports.webhook}",
+            f"--kubeconfig={self.layout.admin_kubeconfig}",
+            f"--namespace={NAMESPACE}",
+            f"--daemon-image={self.daemon_image}",
+            f"--policy-file={self.policy_file}",
+            "--extra-ip=127.0.0.1",
+            f"--work-dir={self.layout.state_dir / 'webhook'}",
+        ]
+        return [ManagedProcess("sandman-webhook", tuple(argv), self.layout.run, self.layout.logs)]
+
+    def health_checks(self) -> dict[str, Callable[[], bool]]:
+        def ready() -> bool:
+            with urllib.request.urlopen(
+                self.webhook_url + "/readyz", context=_insecure(), timeout=2
+            ) as r:
+                return r.status == 200
+
+        return {"sandman-webhook": ready}
+
+    def up(self) -> None:
+        core = CoreV1Api(api_client(self.layout.admin_kubeconfig))
+        try:
+            core.create_namespace({"metadata": {"name": NAMESPACE}})
+        except ApiException as e:
+            if e.status != 409:
+                raise
+        if not self.policy_file.exists():
+            self.policy_file.parent.mkdir(parents=True, exist_ok=True)
+            self.policy_file.write_text(LOCAL_POLICY)
+        (proc,) = self.processes()
+        proc.start()
+        wait_healthy(
+            proc,
+            self.health_checks()["sandman-webhook"],
+            timeout_s=self.config.start_timeout_s,
+            progress=self.progress,
+        )
+        self._register(proc)
+
+    def _register(self, proc: ManagedProcess) -> None:
+        """Create/update the webhook configurations, then prove admission works."""
+        adm = AdmissionregistrationV1Api(api_client(self.layout.admin_kubeconfig))
+        core = CoreV1Api(api_client(self.layout.admin_kubeconfig))
+        ca = self._ca_bundle(core)
+        for doc in webhook_configurations(self.webhook_url, ca):
+            name = doc["metadata"]["name"]
+            mutating = doc["kind"] == "MutatingWebhookConfiguration"
+            create = (
+                adm.create_mutating_webhook_configuration
+                if mutating
+                else adm.create_validating_webhook_configuration
+            )
+            replace = (
+                adm.replace_mutating_webhook_configuration
+                if mutating
+                else adm.replace_validating_webhook_configuration
+            )
+            read = (
+                adm.read_mutating_webhook_configuration
+                if mutating
+                else adm.read_validating_webhook_configuration
+            )
+            try:
+                create(doc)
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+                current = read(name)
+                doc["metadata"]["resourceVersion"] = current.metadata.resource_version
+                replace(name, doc)
+
+        def injects() -> bool:
+            # A server-side dry run goes through both webhooks and changes nothing.
+            pod = {
+                "metadata": {"generateName": "probe-", "labels": {"sandman.dev/sandbox": "true"}},
+                "spec": {"containers": [{"name": "c", "image": "127.0.0.1:5000/sandman/tiny:1"}]},
+            }
+            got = core.create_namespaced_pod("default", pod, dry_run="All", _preload_content=False)
+            return "sandman.dev/injected" in json.loads(got.data)["metadata"].get("annotations", {})
+
+        t0 = time.monotonic()
+        wait_until(
+            proc, injects, timeout_s=self.config.start_timeout_s, what="injecting a dry-run sandbox"
+        )
+        self.progress(f"  webhook registered ({time.monotonic() - t0:.1f}s): {self.webhook_url}")
+
+    def _ca_bundle(self, core: CoreV1Api) -> str | None:
+        try:
+            s = core.read_namespaced_secret("sandman-webhook-tls", NAMESPACE)
+        except ApiException:
+            return None
+        return (s.data or {}).get("ca-bundle.crt")
+
+    def down(self) -> list[str]:
+        return [p.name for p in self.processes() if p.stop()]
