@@ -1,0 +1,349 @@
+"""The webhook through the real apiserver: injection shapes, policy, failure modes."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes.client import AppsV1Api, CoreV1Api
+from kubernetes.client.exceptions import ApiException
+
+from sandman.cluster.deploy import LocalDeployment
+from sandman.cluster.kwok_nodes import KWOK_IMAGE, on_kwok
+from sandman.cluster.local import LocalCluster
+from sandman.contract import (
+    ANN_CONTAINER,
+    ANN_EXPIRES_AT,
+    ANN_INJECTED,
+    LABEL_ID,
+    LABEL_SANDBOX,
+)
+from sandman.kube import api_client, raw
+from sandman.testing import kubectl, wait_for
+
+SANDBOX = {LABEL_SANDBOX: "true"}
+
+
+def sandbox_pod(
+    name: str = "",
+    *,
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    **spec: Any,
+) -> dict[str, Any]:
+    md: dict[str, Any] = {"labels": {**SANDBOX, **(labels or {})}}
+    if name:
+        md["name"] = name
+    else:
+        md["generateName"] = "sb-"
+    if annotations is not None:
+        md["annotations"] = annotations
+    spec.setdefault("containers", [{"name": "main", "image": KWOK_IMAGE}])
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": md, "spec": on_kwok(spec)}
+
+
+def template(pod: dict[str, Any]) -> dict[str, Any]:
+    """A pod as a controller's template: no kind, no name."""
+    out = {k: v for k, v in pod.items() if k not in ("apiVersion", "kind")}
+    out["metadata"] = {k: v for k, v in pod["metadata"].items() if k != "generateName"}
+    return out
+
+
+def create(core: CoreV1Api, ns: str, pod: dict[str, Any], **kw: Any) -> dict[str, Any]:
+    return raw(core.create_namespaced_pod(ns, pod, _preload_content=False, **kw))
+
+
+def assert_injected(pod: dict[str, Any], target: str = "main") -> dict[str, Any]:
+    md, spec = pod["metadata"], pod["spec"]
+    assert ANN_INJECTED in md["annotations"] and ANN_EXPIRES_AT in md["annotations"]
+    assert len(md["labels"][LABEL_ID]) == 16
+    assert spec["schedulerName"] == "sandman-scheduler"
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["enableServiceLinks"] is False
+    assert spec["activeDeadlineSeconds"] > 0
+    assert [c["name"] for c in spec["initContainers"]].count("sandman-install") == 1
+    c = next(c for c in spec["containers"] if c["name"] == target)
+    assert c["command"][:4] == ["/.sandman/sandmand", "serve", "--listen=0.0.0.0:7878", "--"]
+    assert {"SANDMAN_TOKEN_SHA256", "TMPDIR"} <= {e["name"] for e in c["env"]}
+    assert not any(v["name"].startswith("kube-api-access-") for v in spec.get("volumes", []))
+    return c
+
+
+def test_injection_shapes(core: CoreV1Api, namespace: str) -> None:
+    # generateName, no annotations map, no command
+    c = assert_injected(create(core, namespace, sandbox_pod()))
+    assert c["command"][4:] == []
+    # existing init containers and a native sidecar; several containers, target by annotation;
+    # existing command/args/probes/securityContext
+    pod = sandbox_pod(
+        "shapes",
+        annotations={ANN_CONTAINER: "agent"},
+        initContainers=[
+            {"name": "setup", "image": KWOK_IMAGE, "command": ["true"]},
+            {"name": "proxy", "image": KWOK_IMAGE, "restartPolicy": "Always"},
+        ],
+        containers=[
+            {"name": "helper", "image": KWOK_IMAGE},
+            {
+                "name": "agent",
+                "image": KWOK_IMAGE,
+                "command": ["python3"],
+                "args": ["-m", "x"],
+                "livenessProbe": {"exec": {"command": ["true"]}},
+                "readinessProbe": {"exec": {"command": ["true"]}},
+                "securityContext": {"runAsUser": 1000, "allowPrivilegeEscalation": False},
+            },
+        ],
+    )
+    got = create(core, namespace, pod)
+    agent = assert_injected(got, "agent")
+    assert agent["command"][4:] == ["python3", "-m", "x"] and "args" not in agent
+    assert agent["livenessProbe"] == {"exec": {"command": ["true"]}, **_probe_defaults()}
+    assert agent["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    assert agent["securityContext"]["runAsUser"] == 1000
+    inits = [i["name"] for i in got["spec"]["initContainers"]]
+    assert inits == ["sandman-install", "setup", "proxy"]
+    helper = got["spec"]["containers"][0]
+    assert "command" not in helper
+
+
+def _probe_defaults() -> dict[str, int]:
+    return {"timeoutSeconds": 1, "periodSeconds": 10, "successThreshold": 1, "failureThreshold": 3}
+
+
+def test_unlabeled_pods_are_untouched(core: CoreV1Api, namespace: str) -> None:
+    pod = {
+        "metadata": {"name": "plain"},
+        "spec": on_kwok({"containers": [{"name": "c", "image": KWOK_IMAGE}]}),
+    }
+    got = create(core, namespace, pod)
+    assert ANN_INJECTED not in (got["metadata"].get("annotations") or {})
+    assert "initContainers" not in got["spec"]
+    assert got["spec"]["schedulerName"] == "default-scheduler"
+
+
+def test_reapply_does_not_double_inject(
+    cluster: LocalCluster, namespace: str, tmp_path: Path
+) -> None:
+    manifest = tmp_path / "pod.yaml"
+    manifest.write_text(yaml.safe_dump(sandbox_pod("applied")))
+    kubectl(cluster, "apply", "-n", namespace, "-f", str(manifest))
+    first = json.loads(kubectl(cluster, "get", "pod", "applied", "-n", namespace, "-o", "json"))
+    kubectl(cluster, "apply", "-n", namespace, "-f", str(manifest))
+    again = json.loads(kubectl(cluster, "get", "pod", "applied", "-n", namespace, "-o", "json"))
+    assert_injected(again)
+    assert again["spec"] == first["spec"]
+    assert again["metadata"]["labels"][LABEL_ID] == first["metadata"]["labels"][LABEL_ID]
+
+
+def test_controller_pods_are_injected(
+    cluster: LocalCluster, core: CoreV1Api, namespace: str
+) -> None:
+    apps = AppsV1Api(api_client(cluster.kubeconfig))
+    tmpl = template(sandbox_pod(labels={"app": "fleet"}))
+    apps.create_namespaced_deployment(
+        namespace,
+        {
+            "metadata": {"name": "fleet"},
+            "spec": {
+                "replicas": 3,
+                "selector": {"matchLabels": {"app": "fleet"}},
+                "template": tmpl,
+            },
+        },
+    )
+
+    def pods() -> list[dict[str, Any]]:
+        items = raw(
+            core.list_namespaced_pod(namespace, label_selector="app=fleet", _preload_content=False)
+        )["items"]
+        return items if len(items) == 3 else []
+
+    items = wait_for(pods, what="3 deployment pods")
+    for p in items:
+        assert_injected(p)
+    # Each replica gets its own id, though the template is shared.
+    assert len({p["metadata"]["labels"][LABEL_ID] for p in items}) == 3
+
+
+def test_dry_run_gets_the_same_answer_and_creates_nothing(core: CoreV1Api, namespace: str) -> None:
+    got = create(core, namespace, sandbox_pod("dry"), dry_run="All")
+    assert_injected(got)
+    with pytest.raises(ApiException) as e:
+        core.read_namespaced_pod("dry", namespace)
+    assert e.value.status == 404
+    events = raw(core.list_namespaced_event(namespace, _preload_content=False))["items"]
+    assert not [ev for ev in events if ev["reason"].startswith(("Policy", "Sandbox"))]
+
+
+# -- policy ------------------------------------------------------------------------
+TEST_RULES = """\
+- name: test-enforce
+  namespaceSelector: {matchLabels: {sandman.dev/policy-test: enforce}}
+  mode: enforce
+  allowedRegistries: ["127.0.0.1:5000/*"]
+  resources: {max: {cpu: "1", memory: 1Gi, ephemeral-storage: 1Gi}}
+  ttl: {default: 1h, max: 2h}
+  idleTimeout: {max: 30m}
+  runtimeClassName: null
+- name: test-warn
+  namespaceSelector: {matchLabels: {sandman.dev/policy-test: warn}}
+  mode: warn
+  allowedRegistries: ["127.0.0.1:5000/*"]
+  resources: {max: {cpu: "1", memory: 1Gi, ephemeral-storage: 1Gi}}
+  ttl: {default: 1h, max: 2h}
+  idleTimeout: {max: 30m}
+"""
+
+
+@pytest.fixture(scope="module")
+def policy_modes(cluster: LocalCluster) -> Iterator[None]:
+    """Prepends the test rule sets to the cluster's policy file, then restores it."""
+    deployment = cluster.deployment
+    assert deployment is not None
+    path = deployment.policy_file
+    original = path.read_text()
+    doc = yaml.safe_load(original)
+    doc["rules"] = yaml.safe_load(TEST_RULES) + doc["rules"]
+    path.write_text(yaml.safe_dump(doc))
+    yield
+    path.write_text(original)
+
+
+@pytest.fixture
+def policy_ns(core: CoreV1Api, request: pytest.FixtureRequest, namespace: str) -> str:
+    mode = request.param
+    core.patch_namespace(namespace, {"metadata": {"labels": {"sandman.dev/policy-test": mode}}})
+    return namespace
+
+
+VIOLATIONS = {
+    "registry": lambda p: p["spec"]["containers"][0].update(image="docker.io/library/evil:1"),
+    "privileged": lambda p: p["spec"]["containers"][0].update(securityContext={"privileged": True}),
+    "capabilities": lambda p: p["spec"]["containers"][0].update(
+        securityContext={"capabilities": {"add": ["SYS_ADMIN"]}}
+    ),
+    "host-namespaces": lambda p: p["spec"].update(hostNetwork=True),
+    "host-ports": lambda p: p["spec"]["containers"][0].update(
+        ports=[{"containerPort": 80, "hostPort": 8080}]
+    ),
+    "host-paths": lambda p: p["spec"].update(volumes=[{"name": "h", "hostPath": {"path": "/etc"}}]),
+    "service-account-token": lambda p: p["spec"].update(
+        volumes=[{"name": "t", "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]}}]
+    ),
+    "resources-max": lambda p: p["spec"]["containers"][0].update(
+        resources={"limits": {"memory": "2Gi"}}
+    ),
+    "ttl-max": lambda p: p["metadata"].update(annotations={"sandman.dev/ttl": "3h"}),
+    "idle-timeout-max": lambda p: p["metadata"].update(
+        annotations={"sandman.dev/idle-timeout": "1h"}
+    ),
+    "profile": lambda p: p["metadata"].update(annotations={"sandman.dev/profile": "gpu"}),
+}
+
+
+def _create_until_policy_applies(
+    core: CoreV1Api, ns: str, pod: dict[str, Any], expect_denied: bool
+) -> Any:
+    """Create until the test rule sets (not the cluster's default) decide.
+
+    The policy file is re-read every 2 s and namespace labels arrive by watch,
+    so the first attempts may still meet the cluster's default rules.
+    """
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            got = core.create_namespaced_pod(ns, pod, _preload_content=False)
+        except ApiException as e:
+            if e.status != 403:
+                raise
+            if expect_denied and "'test-enforce'" in json.loads(e.body)["message"]:
+                return e
+            last = json.loads(e.body)["message"]
+        else:
+            warnings = got.headers.get("Warning", "")
+            if not expect_denied and "'test-warn'" in warnings:
+                return got
+            core.delete_namespaced_pod(
+                json.loads(got.data)["metadata"]["name"], ns, grace_period_seconds=0
+            )
+            last = f"admitted with warnings {warnings!r}"
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the test rules never decided; last: {last}")
+        time.sleep(0.5)
+
+
+@pytest.mark.usefixtures("policy_modes")
+@pytest.mark.parametrize("policy_ns", ["enforce"], indirect=True)
+@pytest.mark.parametrize("rule", sorted(VIOLATIONS))
+def test_enforce_denies_each_rule_with_its_fix(core: CoreV1Api, policy_ns: str, rule: str) -> None:
+    pod = sandbox_pod()
+    VIOLATIONS[rule](pod)
+    err = _create_until_policy_applies(core, policy_ns, pod, expect_denied=True)
+    msg = json.loads(err.body)["message"]
+    assert f"[{rule}]" in msg and "fix:" in msg and "test-enforce" in msg, msg
+
+
+@pytest.mark.usefixtures("policy_modes")
+@pytest.mark.parametrize("policy_ns", ["warn"], indirect=True)
+@pytest.mark.parametrize("rule", ["registry", "privileged", "resources-max", "ttl-max"])
+def test_warn_admits_with_a_warning(core: CoreV1Api, policy_ns: str, rule: str) -> None:
+    pod = sandbox_pod()
+    VIOLATIONS[rule](pod)
+    got = _create_until_policy_applies(core, policy_ns, pod, expect_denied=False)
+    assert f"[{rule}]" in got.headers["Warning"]
+
+
+def test_policy_denial_event_on_the_owner(
+    cluster: LocalCluster, core: CoreV1Api, namespace: str
+) -> None:
+    apps = AppsV1Api(api_client(cluster.kubeconfig))
+    tmpl = template(sandbox_pod(labels={"app": "bad"}))
+    tmpl["spec"]["containers"][0]["image"] = "docker.io/library/evil:1"  # local policy: denied
+    apps.create_namespaced_replica_set(
+        namespace,
+        {
+            "metadata": {"name": "bad"},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "bad"}}, "template": tmpl},
+        },
+    )
+
+    def denied_event() -> list[dict[str, Any]]:
+        items = raw(core.list_namespaced_event(namespace, _preload_content=False))["items"]
+        return [
+            e
+            for e in items
+            if e["reason"] == "PolicyDenied" and e["involvedObject"]["kind"] == "ReplicaSet"
+        ]
+
+    events = wait_for(denied_event, what="a PolicyDenied event on the ReplicaSet")
+    assert "[registry]" in events[0]["message"]
+
+
+# -- failure modes -------------------------------------------------------------------
+def test_webhook_down_fails_sandboxes_only(
+    cluster: LocalCluster, core: CoreV1Api, namespace: str
+) -> None:
+    deployment = cluster.deployment
+    assert isinstance(deployment, LocalDeployment)
+    (proc,) = deployment.processes()
+    assert proc.stop()
+    try:
+        with pytest.raises(ApiException) as e:
+            create(core, namespace, sandbox_pod())
+        body = json.loads(e.value.body)
+        assert e.value.status == 500
+        assert "inject.sandman.dev" in body["message"]  # names the webhook that failed
+        plain = {
+            "metadata": {"generateName": "plain-"},
+            "spec": on_kwok({"containers": [{"name": "c", "image": KWOK_IMAGE}]}),
+        }
+        create(core, namespace, plain)  # unaffected
+    finally:
+        deployment.up()
+    assert_injected(create(core, namespace, sandbox_pod()))
