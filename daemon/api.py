@@ -38,9 +38,15 @@ async def read_json(request: web.Request, *, optional: bool = False) -> Any:
     limit = _state(request).config.limits.max_json_bytes
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(f"JSON body over {limit} bytes; use the file API for big data")
-    data = await request.content.read(limit + 1)
-    if len(data) > limit:
-        raise PayloadTooLarge(f"JSON body over {limit} bytes; use the file API for big data")
+    # content.read(n) returns what has arrived so far, not n bytes: collect
+    # chunks until EOF (a body split across TCP segments is the normal case).
+    parts, size = [], 0
+    async for chunk in request.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"JSON body over {limit} bytes; use the file API for big data")
+        parts.append(chunk)
+    data = b"".join(parts)
     if not data.strip():
         if optional:
             return None

@@ -43,6 +43,9 @@ class WebhookConfig:
         NAMESPACE,
     )
     event_on_inject: bool = False  # one Event per sandbox doubles the writes of a burst
+    # Publish each namespace's access key. Every replica may (same content);
+    # off only for an extra instance that must not touch cluster-wide state.
+    publish_access: bool = True
 
     @property
     def dns_names(self) -> tuple[str, ...]:

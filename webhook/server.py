@@ -118,9 +118,11 @@ async def _admit(request: web.Request, endpoint: str) -> web.Response:
     st = request.app[STATE]
     t0 = time.monotonic()
     try:
-        raw = await request.content.read(MAX_REVIEW_BYTES + 1)
-        if len(raw) > MAX_REVIEW_BYTES:
-            raise WebhookError("review too large")
+        try:
+            # read() returns the whole body; content.read(n) may return a part.
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise WebhookError("review too large") from None
         try:
             body = json.loads(raw)
         except ValueError:
@@ -222,11 +224,14 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     publisher = AccessPublisher(st.client, st.cluster_key, set(cfg.excluded_namespaces))
     st.namespaces = Informer(st.client, NAMESPACES, publisher.on_namespace)
     st.recorder = EventRecorder(st.client, "sandman-webhook")
+    if not cfg.publish_access:
+        st.namespaces.handler = lambda _kind, _obj: None
     tasks += [
         asyncio.ensure_future(st.namespaces.run(st.stop)),
-        asyncio.ensure_future(publisher.run(st.stop)),
         asyncio.ensure_future(st.recorder.run(st.stop)),
     ]
+    if cfg.publish_access:
+        tasks.append(asyncio.ensure_future(publisher.run(st.stop)))
     if st.certs is not None:
         tasks.append(asyncio.ensure_future(st.certs.run(st.stop)))
     if cfg.policy_configmap:
