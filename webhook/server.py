@@ -105,13 +105,19 @@ STATE = web.AppKey("state", WebhookState)
 async def _namespace_labels_for(st: WebhookState, namespace: str) -> None:
     # A namespace created a moment ago may not be in the informer yet; its
     # labels decide which rules apply, so fetch rather than guess.
-    if not namespace or st.ns_labels(namespace) or namespace in st.extra_ns_labels:
+    if not namespace or namespace in st.extra_ns_labels:
+        return
+    if st.namespaces is not None and f"/{namespace}" in st.namespaces.store:
         return
     try:
         ns = await st.client.get(NAMESPACES, namespace)
-        st.extra_ns_labels[namespace] = (ns.get("metadata") or {}).get("labels") or {}
+        labels = (ns.get("metadata") or {}).get("labels") or {}
     except Exception as e:
         log.warning("labels of namespace %s unknown (%s); default rules apply", namespace, e)
+        labels = {}
+    # Remembered either way: the informer's copy wins once it has the
+    # namespace, and a miss must not cost an API call on every review.
+    st.extra_ns_labels[namespace] = labels
 
 
 async def _admit(request: web.Request, endpoint: str) -> web.Response:
@@ -143,21 +149,25 @@ async def _admit(request: web.Request, endpoint: str) -> web.Response:
 
 
 def _record(st: WebhookState, r: Review, outcome: Outcome, endpoint: str) -> None:
-    if outcome.result in ("skipped", "allowed") and not outcome.patch:
+    if outcome.result in ("skipped", "allowed"):
         return
-    log.info(
-        json.dumps(
-            {
-                "endpoint": endpoint,
-                "namespace": r.namespace,
-                "result": outcome.result,
-                "rules": outcome.rule_ids,
-                "dryRun": r.dry_run,
-                "sandbox": outcome.sandbox_id,
-                "message": outcome.message[:300],
-            }
+    if outcome.result == "injected":
+        # One line per sandbox is noise at scale: debug level only.
+        log.debug("injected a sandbox in %s (id %s)", r.namespace, outcome.sandbox_id)
+    else:
+        log.info(
+            json.dumps(
+                {
+                    "endpoint": endpoint,
+                    "namespace": r.namespace,
+                    "result": outcome.result,
+                    "rules": outcome.rule_ids,
+                    "dryRun": r.dry_run,
+                    "sandbox": outcome.sandbox_id,
+                    "message": outcome.message[:300],
+                }
+            )
         )
-    )
     if r.dry_run or st.recorder is None:
         return  # sideEffects: NoneOnDryRun
     md = r.obj.get("metadata") or {}

@@ -11,6 +11,7 @@ from pathlib import Path
 BENCHMARKS = {
     "cluster": "sandman.bench.cluster",
     "daemon": "sandman.bench.daemon",
+    "webhook": "sandman.bench.webhook",
     "realnode": "sandman.bench.realnode",
 }
 
