@@ -72,7 +72,7 @@ def _review(uid: str, obj: dict[str, Any]) -> dict[str, Any]:
             "uid": uid,
             "kind": {"group": "", "version": "v1", "kind": "Pod"},
             "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "namespace": "bench",
+            "namespace": "default",
             "operation": "CREATE",
             "object": obj,
             "userInfo": {"username": "bench"},
