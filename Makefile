@@ -29,7 +29,7 @@ daemon: venv
 
 # A local cluster (real control plane + kwok nodes + a real node) with our images.
 up: venv
-	$(SANDMAN) cluster up --real-node --kwok-nodes $(KWOK_NODES)
+	$(SANDMAN) cluster up --real-node --deploy --kwok-nodes $(KWOK_NODES)
 	$(SANDMAN) image build tiny swe
 
 down: venv
