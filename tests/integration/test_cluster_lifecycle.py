@@ -52,9 +52,9 @@ def test_up_is_idempotent_and_down_leaves_nothing(tmp_path: Path) -> None:
         cluster.up()
         pids = {p.name: p.running_pid() for p in cluster.processes()}
         assert all(pids.values()), pids
-        assert {port for _, port in cfg.ports.items() if port != cfg.ports.sandman_scheduler} <= (
-            listening_ports()
-        )
+        # Only what this cluster runs: no second scheduler, no webhook.
+        unused = {cfg.ports.sandman_scheduler, cfg.ports.webhook}
+        assert {port for _, port in cfg.ports.items() if port not in unused} <= listening_ports()
 
         cluster.up()  # again: nothing restarted
         assert {p.name: p.running_pid() for p in cluster.processes()} == pids
