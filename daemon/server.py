@@ -33,6 +33,9 @@ from sandman.daemon.status import Activity
 log = logging.getLogger("sandmand")
 
 OPEN_PATHS = frozenset({"/healthz"})
+# Looking at a sandbox is not using it: the reaper polls /v1/status to learn
+# idleness, and that poll must not reset what it measures.
+PASSIVE_PATHS = frozenset({"/v1/status", "/metrics"})
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -87,7 +90,8 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     got = hashlib.sha256(token.strip().encode()).hexdigest()
     if not hmac.compare_digest(got, expected):
         raise Unauthorized("invalid token")
-    st.activity.touch()
+    if request.path not in PASSIVE_PATHS:
+        st.activity.touch()
     return await handler(request)
 
 
