@@ -8,6 +8,7 @@ import sys
 
 from sandman import __version__
 from sandman.cli import bench, cluster, image
+from sandman.reaper import cli as reaper_cli
 from sandman.webhook import cli as webhook_cli
 
 
@@ -22,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.add_parser(sub)
     image.add_parser(sub)
     webhook_cli.add_parser(sub)
+    reaper_cli.add_parser(sub)
     bench.add_parser(sub)
     return parser
 

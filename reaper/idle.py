@@ -1,0 +1,103 @@
+"""Idle detection: when was a sandbox's daemon last used?
+
+The daemon knows (``idle_s`` in ``GET /v1/status``: seconds since the last
+authenticated API call, so no clock skew between reaper and sandbox); the
+reaper asks only when it matters, i.e. when a sandbox would be idle for its
+whole timeout if nothing happened since the last answer. So an active fleet
+costs no polls and a heartbeat costs no control-plane write (design
+section 6).
+
+Unreachable daemons: a single failed poll never counts (a restart, a network
+blip); a daemon unreachable for longer than the idle timeout does.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from sandman import tokens
+from sandman.contract import ANN_TOKEN_SHA256, DAEMON_PORT, LABEL_ID, annotations, labels
+
+# A status poll should take milliseconds; a daemon slower than this is as good
+# as unreachable for the purpose of this one poll.
+POLL_TIMEOUT_S = 3.0
+
+
+@dataclass
+class IdleState:
+    last_active: dt.datetime | None = None  # reaper clock
+    unreachable_since: dt.datetime | None = None
+    polls: int = 0
+
+
+@dataclass
+class IdleTracker:
+    """Per-sandbox idle knowledge. Event-loop only (not thread-safe)."""
+
+    states: dict[str, IdleState] = field(default_factory=dict)
+
+    def state(self, key: str) -> IdleState:
+        return self.states.setdefault(key, IdleState())
+
+    def forget(self, key: str) -> None:
+        self.states.pop(key, None)
+
+    def idle_since(self, key: str, ready_since: dt.datetime | None) -> dt.datetime | None:
+        """The instant idleness is measured from (None: unknown, not Ready yet)."""
+        st = self.states.get(key)
+        if st is not None and st.unreachable_since is not None:
+            return st.unreachable_since
+        if st is not None and st.last_active is not None:
+            return st.last_active
+        return ready_since
+
+    def observed(self, key: str, now: dt.datetime, idle_s: float) -> None:
+        st = self.state(key)
+        st.polls += 1
+        st.unreachable_since = None
+        st.last_active = now - dt.timedelta(seconds=max(0.0, idle_s))
+
+    def failed(self, key: str, now: dt.datetime) -> bool:
+        """Record a failed poll; True if this was the first of a run of failures."""
+        st = self.state(key)
+        st.polls += 1
+        if st.unreachable_since is None:
+            st.unreachable_since = now
+            return True
+        return False
+
+
+def sandbox_token(pod: dict[str, Any], cluster_key: bytes | None) -> str | None:
+    """The daemon token the reaper can derive, or None (client-chosen token)."""
+    if cluster_key is None or ANN_TOKEN_SHA256 in annotations(pod):
+        return None
+    sid = labels(pod).get(LABEL_ID)
+    ns = (pod.get("metadata") or {}).get("namespace", "")
+    if not sid:
+        return None
+    return tokens.sandbox_token(tokens.namespace_key(cluster_key, ns), sid)
+
+
+async def poll_idle_seconds(
+    http: aiohttp.ClientSession, pod: dict[str, Any], token: str
+) -> float | None:
+    """``idle_s`` from the sandbox's daemon, or None if it could not be asked."""
+    ip = (pod.get("status") or {}).get("podIP")
+    if not ip:
+        return None
+    try:
+        async with http.get(
+            f"http://{ip}:{DAEMON_PORT}/v1/status",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=aiohttp.ClientTimeout(total=POLL_TIMEOUT_S),
+        ) as r:
+            if r.status != 200:
+                return None
+            doc = await r.json()
+            return float(doc["idle_s"])
+    except (aiohttp.ClientError, TimeoutError, OSError, ValueError, KeyError):
+        return None

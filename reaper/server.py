@@ -1,0 +1,146 @@
+"""The reaper process: health and metrics over HTTP, the controller, leadership."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import signal
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from sandman import tokens
+from sandman.events import EventRecorder
+from sandman.kube_async import SECRETS, ApiError, KubeClient
+from sandman.leader import LeaderElector
+from sandman.reaper.config import ReaperConfig
+from sandman.reaper.controller import Reaper
+from sandman.reaper.metrics import ReaperMetrics
+
+log = logging.getLogger("sandman.reaper")
+
+
+@dataclass
+class ReaperState:
+    config: ReaperConfig
+    client: KubeClient
+    metrics: ReaperMetrics = field(default_factory=ReaperMetrics.create)
+    reaper: Reaper | None = None
+    elector: LeaderElector | None = None
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+STATE = web.AppKey("state", ReaperState)
+
+
+async def read_cluster_key(client: KubeClient, namespace: str) -> bytes | None:
+    """The key to derive daemon tokens (idle polls); None disables idle checks."""
+    try:
+        s = await client.get(SECRETS, tokens.CLUSTER_KEY_SECRET, namespace)
+        return base64.b64decode(s["data"][tokens.KEY_FIELD])
+    except (ApiError, KeyError) as e:
+        log.warning("no cluster key (%s): idle sandboxes cannot be detected", e)
+        return None
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"ok": True})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    st = request.app[STATE]
+    synced = st.reaper is not None and st.reaper.informer.synced.is_set()
+    leading = st.reaper is not None and st.reaper.is_leader()
+    return web.json_response({"ok": synced, "leader": leading}, status=200 if synced else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    st = request.app[STATE]
+    return web.Response(
+        body=generate_latest(st.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+    )
+
+
+def create_app(config: ReaperConfig, client: KubeClient) -> web.Application:
+    app = web.Application()
+    app[STATE] = ReaperState(config, client)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    app.cleanup_ctx.append(_lifecycle)
+    return app
+
+
+async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
+    st = app[STATE]
+    cfg = st.config
+    st.client.open()
+    key = await read_cluster_key(st.client, cfg.namespace)
+    recorder = EventRecorder(st.client, "sandman-reaper")
+    reaper = Reaper(
+        st.client,
+        cfg.options,
+        st.metrics,
+        elector=None,
+        recorder=recorder,
+        cluster_key=key,
+        namespace=cfg.watch_namespace,
+    )
+    if cfg.leader_elect:
+        st.elector = LeaderElector(
+            st.client,
+            namespace=cfg.namespace,
+            name=cfg.lease_name,
+            identity=cfg.identity,
+            lease_duration=cfg.lease_duration,
+            renew_deadline=cfg.renew_deadline,
+            retry_period=cfg.retry_period,
+            on_change=reaper.leadership_changed,
+        )
+        reaper.elector = st.elector
+    else:
+        st.metrics.is_leader.set(1)
+    st.reaper = reaper
+    tasks = [
+        asyncio.ensure_future(reaper.run(st.stop)),
+        asyncio.ensure_future(recorder.run(st.stop)),
+    ]
+    if st.elector is not None:
+        tasks.append(asyncio.ensure_future(st.elector.run(st.stop)))
+    yield
+    st.stop.set()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await st.client.close()
+
+
+async def _serve(config: ReaperConfig) -> int:
+    client = KubeClient.from_kubeconfig(config.kubeconfig, user_agent="sandman-reaper")
+    app = create_app(config, client)
+    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
+    await site.start()
+    log.info(
+        "reaper %s on http://%s:%d (dry run: %s)",
+        config.identity,
+        config.host,
+        config.port,
+        config.options.dry_run,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await runner.cleanup()
+    return 0
+
+
+def serve(config: ReaperConfig) -> int:
+    from sandman.logs import setup_json_logging
+
+    setup_json_logging()
+    return asyncio.run(_serve(config))
