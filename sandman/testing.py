@@ -86,6 +86,7 @@ def start_test_cluster(kwok_nodes: int = 3) -> ClusterBed:
         kwok_nodes=kwok_nodes,
         real_node=RealNodeConfig(enabled=no_real is None),
         deploy_sandman=True,
+        deploy_reaper=False,
     )
     cluster = LocalCluster(cfg)
     try:

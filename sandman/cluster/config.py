@@ -72,6 +72,7 @@ class Ports:
     sandman_scheduler: int = 20261
     kwok: int = 20247
     webhook: int = 20443
+    reaper: int = 20080
 
     @classmethod
     def free(cls) -> Ports:
@@ -163,6 +164,9 @@ class ClusterConfig:
     real_node: RealNodeConfig = field(default_factory=RealNodeConfig)
     # Run Sandman's own components (webhook, ...) as host processes.
     deploy_sandman: bool = False
+    # ... including the reaper. The test harness leaves it out: tests run their
+    # own reapers, scoped to their namespaces, with their own settings.
+    deploy_reaper: bool = True
     # Seconds each component gets to become healthy before `up` fails.
     start_timeout_s: float = 60.0
 
@@ -190,6 +194,7 @@ class ClusterConfig:
             extenders=tuple(ExtenderSpec(**e) for e in d.get("extenders", [])),
             real_node=RealNodeConfig(**d.get("real_node", {})),
             deploy_sandman=bool(d.get("deploy_sandman", False)),
+            deploy_reaper=bool(d.get("deploy_reaper", True)),
             start_timeout_s=float(d.get("start_timeout_s", 60.0)),
         )
 

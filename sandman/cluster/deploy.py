@@ -106,7 +106,21 @@ class LocalDeployment:
             "--extra-ip=127.0.0.1",
             f"--work-dir={self.layout.state_dir / 'webhook'}",
         ]
-        return [ManagedProcess("sandman-webhook", tuple(argv), self.layout.run, self.layout.logs)]
+        procs = [ManagedProcess("sandman-webhook", tuple(argv), self.layout.run, self.layout.logs)]
+        if self.config.deploy_reaper:
+            reaper = [
+                sys.executable,
+                "-m",
+                "sandman.reaper",
+                "serve",
+                f"--listen=127.0.0.1:{self.config.ports.reaper}",
+                f"--kubeconfig={self.layout.admin_kubeconfig}",
+                f"--namespace={NAMESPACE}",
+            ]
+            procs.append(
+                ManagedProcess("sandman-reaper", tuple(reaper), self.layout.run, self.layout.logs)
+            )
+        return procs
 
     def health_checks(self) -> dict[str, Callable[[], bool]]:
         def ready() -> bool:
@@ -115,7 +129,12 @@ class LocalDeployment:
             ) as r:
                 return r.status == 200
 
-        return {"sandman-webhook": ready}
+        def reaper_ready() -> bool:
+            url = f"http://127.0.0.1:{self.config.ports.reaper}/readyz"
+            with urllib.request.urlopen(url, timeout=2) as r:
+                return r.status == 200
+
+        return {"sandman-webhook": ready, "sandman-reaper": reaper_ready}
 
     def up(self) -> None:
         core = CoreV1Api(api_client(self.layout.admin_kubeconfig))
@@ -127,15 +146,25 @@ class LocalDeployment:
         if not self.policy_file.exists():
             self.policy_file.parent.mkdir(parents=True, exist_ok=True)
             self.policy_file.write_text(LOCAL_POLICY)
-        (proc,) = self.processes()
-        proc.start()
+        webhook, *others = self.processes()
+        checks = self.health_checks()
+        webhook.start()
         wait_healthy(
-            proc,
-            self.health_checks()["sandman-webhook"],
+            webhook,
+            checks[webhook.name],
             timeout_s=self.config.start_timeout_s,
             progress=self.progress,
         )
-        self._register(proc)
+        self._register(webhook)
+        # The reaper after the webhook: the cluster key it reads is the webhook's.
+        for proc in others:
+            proc.start()
+            wait_healthy(
+                proc,
+                checks[proc.name],
+                timeout_s=self.config.start_timeout_s,
+                progress=self.progress,
+            )
 
     def _register(self, proc: ManagedProcess) -> None:
         """Create/update the webhook configurations, then prove admission works."""

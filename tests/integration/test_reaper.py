@@ -66,6 +66,8 @@ class ReaperProc:
 
 @pytest.fixture
 def reapers(cluster: LocalCluster, namespace: str) -> Iterator[Any]:
+    if cluster.config.deploy_sandman and cluster.config.deploy_reaper:
+        pytest.skip("a cluster-wide reaper already runs on this (reused) cluster")
     started: list[ReaperProc] = []
 
     def start(*extra: str) -> ReaperProc:

@@ -331,7 +331,7 @@ def test_webhook_down_fails_sandboxes_only(
 ) -> None:
     deployment = cluster.deployment
     assert isinstance(deployment, LocalDeployment)
-    (proc,) = deployment.processes()
+    proc = next(p for p in deployment.processes() if p.name == "sandman-webhook")
     assert proc.stop()
     try:
         with pytest.raises(ApiException) as e:
