@@ -22,6 +22,7 @@ class ReaperMetrics:
     conflicts: Counter
     idle_polls: Counter
     is_leader: Gauge
+    api_requests: Gauge
 
     @classmethod
     def create(cls) -> ReaperMetrics:
@@ -64,4 +65,10 @@ class ReaperMetrics:
                 "sandman_reaper_idle_polls_total", "daemon status polls", ["result"], registry=r
             ),
             is_leader=Gauge("sandman_reaper_is_leader", "1 while this replica leads", registry=r),
+            api_requests=Gauge(
+                "sandman_reaper_api_requests",
+                "apiserver requests made, by verb",
+                ["verb"],
+                registry=r,
+            ),
         )

@@ -59,6 +59,8 @@ async def readyz(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     st = request.app[STATE]
+    for verb, n in st.client.requests.items():
+        st.metrics.api_requests.labels(verb).set(n)
     return web.Response(
         body=generate_latest(st.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
     )

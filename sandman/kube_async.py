@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import json
 import os
 import ssl
@@ -163,6 +164,9 @@ class KubeClient:
         self._user_agent = user_agent
         self._max = max_connections
         self._timeout = qps_timeout_s
+        # Requests by verb (GET/POST/...; "WATCH" for watch calls): what a
+        # controller costs the apiserver, for metrics and benchmarks.
+        self.requests: collections.Counter[str] = collections.Counter()
 
     @classmethod
     def from_kubeconfig(cls, kubeconfig: Path | str | None, **kw: Any) -> KubeClient:
@@ -207,6 +211,7 @@ class KubeClient:
         timeout: float | None = None,
     ) -> Any:
         assert self._session is not None, "KubeClient not opened"
+        self.requests[method] += 1
         url = self.creds.server + path
         if params:
             url += "?" + urlencode({k: v for k, v in params.items() if v is not None})
@@ -305,6 +310,7 @@ class KubeClient:
         Raises WatchExpired on 410; the caller lists again and resumes.
         """
         assert self._session is not None
+        self.requests["WATCH"] += 1
         q = _params(params) | {
             "watch": "true",
             "resourceVersion": resource_version,

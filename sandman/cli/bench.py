@@ -12,6 +12,7 @@ BENCHMARKS = {
     "cluster": "sandman.bench.cluster",
     "daemon": "sandman.bench.daemon",
     "webhook": "sandman.bench.webhook",
+    "reaper": "sandman.bench.reaper",
     "realnode": "sandman.bench.realnode",
 }
 

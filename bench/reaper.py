@@ -1,0 +1,211 @@
+"""`sandman bench reaper`: reclaim latency at fleet scale, and zero wrong deletions.
+
+N sandboxes on kwok nodes (bound directly with nodeName: the scheduler is not
+what is measured) get leases ending uniformly over a window; a dedicated
+reaper process (scoped to the bench namespace) reclaims them. A watch records
+when each pod disappears; latency = disappearance - its sandman.dev/expires-at
+(second precision, as the annotation has). Bystanders check safety: unlabeled
+pods with leases long past, and sandboxes whose leases end after the run,
+must all survive. API requests per reclaimed sandbox come from the reaper's
+own request counters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import contextlib
+import datetime as dt
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from typing import Any
+
+from kubernetes import watch
+from kubernetes.client import CoreV1Api
+
+from sandman.bench.report import percentile, table
+from sandman.cluster.config import KwokNodeShape
+from sandman.cluster.kwok_nodes import KWOK_IMAGE, KWOK_TOLERATION, kwok_node
+from sandman.contract import ANN_EXPIRES_AT, ANN_TTL, LABEL_SANDBOX, parse_time
+from sandman.kube import api_client, raw
+from sandman.testing import bench_bed, wait_for
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sandboxes", type=int, default=10_000)
+    p.add_argument(
+        "--window", type=float, default=200.0, help="seconds over which leases end (uniformly)"
+    )
+    p.add_argument("--nodes", type=int, default=10)
+    p.add_argument("--bystanders", type=int, default=200)
+    p.add_argument("--delete-qps", type=float, default=100.0)
+    p.add_argument("--concurrency", type=int, default=32)
+
+
+def _pod(name: str, node: str, ttl_s: int | None, labeled: bool) -> dict[str, Any]:
+    md: dict[str, Any] = {"name": name, "labels": {"bench": "reaper"}}
+    if labeled:
+        md["labels"][LABEL_SANDBOX] = "true"
+        md["annotations"] = {ANN_TTL: f"{max(1, ttl_s or 1)}s"}
+    else:
+        md["annotations"] = {ANN_EXPIRES_AT: "2020-01-01T00:00:00Z"}
+    return {
+        "metadata": md,
+        "spec": {
+            "nodeName": node,
+            "tolerations": [KWOK_TOLERATION],
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "c", "image": KWOK_IMAGE}],
+        },
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _metrics(port: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("sandman_reaper_") and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    bed = bench_bed(need_real_node=False)
+    cluster = bed.cluster
+    core = CoreV1Api(api_client(cluster.kubeconfig))
+    ns = f"bench-reaper-{uuid.uuid4().hex[:6]}"
+    nodes = [f"bench-reaper-{ns[-6:]}-{i}" for i in range(args.nodes)]
+    per_node = args.sandboxes // args.nodes + args.bystanders
+    shape = KwokNodeShape(cpu="1000", memory="4Ti", pods=per_node + 100)
+    reaper = None
+    try:
+        core.create_namespace({"metadata": {"name": ns}})
+        for n in nodes:
+            core.create_node(kwok_node(n, shape, labels={"bench": "reaper"}))
+        gone_at: dict[str, float] = {}
+        expires: dict[str, dt.datetime] = {}
+        stop = threading.Event()
+        w = watch.Watch()
+
+        def watcher() -> None:
+            # Ends with an error when the namespace goes at the end: expected.
+            with contextlib.suppress(Exception):
+                for ev in w.stream(core.list_namespaced_pod, ns, timeout_seconds=3600):
+                    if ev["type"] == "DELETED":
+                        gone_at[ev["object"].metadata.name] = time.time()
+                    if stop.is_set():
+                        w.stop()
+
+        threading.Thread(target=watcher, daemon=True).start()
+        time.sleep(0.5)
+        # Leases end uniformly over [start, start + window], start after creation.
+        create_s = args.sandboxes / 120 + 10  # measured ~120 creates/s through the webhook
+        start = time.time() + create_s
+        plan = [
+            (f"sb-{i}", nodes[i % len(nodes)], start + args.window * i / args.sandboxes)
+            for i in range(args.sandboxes)
+        ]
+        far = [(f"keep-{i}", nodes[i % len(nodes)]) for i in range(args.bystanders)]
+        plain = [(f"plain-{i}", nodes[i % len(nodes)]) for i in range(args.bystanders)]
+
+        def create(item: tuple[str, str, float]) -> None:
+            name, node, end = item
+            pod = raw(
+                core.create_namespaced_pod(
+                    ns,
+                    _pod(name, node, round(end - time.time()), True),
+                    _preload_content=False,
+                )
+            )
+            expires[name] = parse_time(pod["metadata"]["annotations"][ANN_EXPIRES_AT])
+
+        t0 = time.time()
+        with cf.ThreadPoolExecutor(args.concurrency) as pool:
+            list(pool.map(create, plan))
+            list(
+                pool.map(
+                    lambda it: core.create_namespaced_pod(ns, _pod(it[0], it[1], 6 * 3600, True)),
+                    far,
+                )
+            )
+            list(
+                pool.map(
+                    lambda it: core.create_namespaced_pod(ns, _pod(it[0], it[1], None, False)),
+                    plain,
+                )
+            )
+        created_in = time.time() - t0
+        port = _free_port()
+        # Started after creation: the reaper must catch up on any lease that
+        # ended meanwhile exactly like a restarted one (its informer relists).
+        reaper = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "sandman.reaper",
+                "serve",
+                f"--listen=127.0.0.1:{port}",
+                f"--kubeconfig={cluster.kubeconfig}",
+                f"--watch-namespace={ns}",
+                "--no-leader-elect",
+                f"--delete-qps={args.delete_qps}",
+                "--workers=16",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        last = max(e for _, _, e in plan)
+        wait_for(
+            lambda: len([n for n in gone_at if n.startswith("sb-")]) >= args.sandboxes,
+            timeout=max(60.0, last - time.time() + 120),
+            what="every sandbox reclaimed",
+        )
+        time.sleep(2)
+        m = _metrics(port)
+        stop.set()
+    finally:
+        if reaper is not None:
+            reaper.terminate()
+            reaper.wait(10)
+        core.delete_namespace(ns)
+        for n in nodes:
+            with contextlib.suppress(Exception):
+                core.delete_node(n)
+        bed.close()
+    lat = [gone_at[n] - expires[n].timestamp() for n in expires if n in gone_at]
+    wrong = [n for n in gone_at if n.startswith(("keep-", "plain-"))]
+    early = [n for n in expires if n in gone_at and gone_at[n] < expires[n].timestamp() - 1]
+    requests = sum(
+        v
+        for k, v in m.items()
+        if k.startswith("sandman_reaper_api_requests{") and 'verb="WATCH"' not in k
+    )
+    results = {
+        "sandboxes": args.sandboxes,
+        "window_s": args.window,
+        "created_in_s": created_in,
+        "reclaim_p50_s": percentile(lat, 50),
+        "reclaim_p99_s": percentile(lat, 99),
+        "reclaim_max_s": max(lat) if lat else float("nan"),
+        "wrong_deletions": len(wrong) + len(early),
+        "api_requests_per_reclaim": requests / max(1, len(lat)),
+        "throttled": m.get("sandman_reaper_deletes_throttled_total", 0.0),
+        "delete_qps": args.delete_qps,
+    }
+    print(table("reaper", list(results.items())))
+    print(json.dumps({"late_over_2s": sum(1 for x in lat if x > 2)}))
+    return results
