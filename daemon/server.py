@@ -33,6 +33,7 @@ from sandman.daemon.status import Activity
 log = logging.getLogger("sandmand")
 
 OPEN_PATHS = frozenset({"/healthz"})
+TOKEN_HEADER = "X-Sandman-Token"
 # Looking at a sandbox is not using it: the reaper polls /v1/status to learn
 # idleness, and that poll must not reset what it measures.
 PASSIVE_PATHS = frozenset({"/v1/status", "/metrics"})
@@ -75,19 +76,27 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         st.metrics.request_seconds.labels(route).observe(time.monotonic() - t0)
 
 
+def _token(request: web.Request) -> str:
+    # X-Sandman-Token exists for the apiserver's pods/proxy path: the apiserver
+    # authenticates the caller with Authorization and strips that header.
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    return request.headers.get(TOKEN_HEADER, "").strip()
+
+
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     if request.path in OPEN_PATHS:
         return await handler(request)
     st = request.app[STATE]
     expected = st.config.token_sha256
-    header = request.headers.get("Authorization", "")
-    scheme, _, token = header.partition(" ")
     if expected is None:
         raise Unauthorized("this daemon has no token configured; nothing is served")
-    if scheme.lower() != "bearer" or not token:
-        raise Unauthorized("missing bearer token (Authorization: Bearer <token>)")
-    got = hashlib.sha256(token.strip().encode()).hexdigest()
+    token = _token(request)
+    if not token:
+        raise Unauthorized("missing token (Authorization: Bearer <token>, or X-Sandman-Token)")
+    got = hashlib.sha256(token.encode()).hexdigest()
     if not hmac.compare_digest(got, expected):
         raise Unauthorized("invalid token")
     if request.path not in PASSIVE_PATHS:

@@ -83,3 +83,11 @@ async def test_status_without_workspace(client: TestClient) -> None:
     r = await client.get("/v1/status")
     doc = await r.json()
     assert r.status == 200 and doc["workspace"] is None and doc["command"] is None
+
+
+async def test_token_header_alternative(client: TestClient) -> None:
+    # Through the apiserver's pods/proxy, Authorization is consumed by the apiserver.
+    r = await client.get("/v1/status", headers={"Authorization": "", "X-Sandman-Token": TOKEN})
+    assert r.status == 200
+    r = await client.get("/v1/status", headers={"Authorization": "", "X-Sandman-Token": "no"})
+    assert r.status == 401
