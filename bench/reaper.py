@@ -102,13 +102,39 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         w = watch.Watch()
 
         def watcher() -> None:
-            # Ends with an error when the namespace goes at the end: expected.
-            with contextlib.suppress(Exception):
-                for ev in w.stream(core.list_namespaced_pod, ns, timeout_seconds=3600):
-                    if ev["type"] == "DELETED":
-                        gone_at[ev["object"].metadata.name] = time.time()
-                    if stop.is_set():
-                        w.stop()
+            # Resumes from the last resourceVersion whenever the stream breaks
+            # (a long watch over 10k deletions will be cut at some point);
+            # after a 410 it relists and counts what vanished meanwhile.
+            rv = ""
+            seen: set[str] = set()
+            while not stop.is_set():
+                try:
+                    if not rv:
+                        lst = core.list_namespaced_pod(ns, label_selector="bench=reaper")
+                        names = {p.metadata.name for p in lst.items}
+                        for gone in seen - names:
+                            gone_at.setdefault(gone, time.time())
+                        seen |= names
+                        rv = lst.metadata.resource_version
+                    for ev in w.stream(
+                        core.list_namespaced_pod,
+                        ns,
+                        resource_version=rv,
+                        label_selector="bench=reaper",
+                        timeout_seconds=120,
+                    ):
+                        rv = ev["object"].metadata.resource_version
+                        name = ev["object"].metadata.name
+                        if ev["type"] == "DELETED":
+                            gone_at.setdefault(name, time.time())
+                        else:
+                            seen.add(name)
+                        if stop.is_set():
+                            return
+                except Exception as e:
+                    if "410" in str(e) or "Expired" in str(e):
+                        rv = ""
+                    time.sleep(0.2)
 
         threading.Thread(target=watcher, daemon=True).start()
         time.sleep(0.5)
@@ -170,7 +196,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         last = max(e for _, _, e in plan)
         wait_for(
-            lambda: len([n for n in gone_at if n.startswith("sb-")]) >= args.sandboxes,
+            lambda: len([n for n in list(gone_at) if n.startswith("sb-")]) >= args.sandboxes,
             timeout=max(60.0, last - time.time() + 120),
             what="every sandbox reclaimed",
         )
@@ -180,7 +206,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         if reaper is not None:
             reaper.terminate()
-            reaper.wait(10)
+            try:
+                reaper.wait(15)
+            except subprocess.TimeoutExpired:
+                reaper.kill()
+                reaper.wait()
         core.delete_namespace(ns)
         for n in nodes:
             with contextlib.suppress(Exception):

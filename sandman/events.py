@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 # A burst of 1,000 denials (a broken ReplicaSet) fits; beyond that, dropping
 # is better than holding memory for messages nobody will read in time.
 QUEUE_SIZE = 1000
+DRAIN_S = 2.0  # at shutdown; well inside a pod's 30 s termination grace
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,16 @@ class EventRecorder:
             self.dropped += 1
 
     async def run(self, stop: asyncio.Event) -> None:
+        drain_until: float | None = None
+        loop = asyncio.get_running_loop()
         while not stop.is_set() or not self.queue.empty():
+            if stop.is_set():
+                # Shutting down: a couple of seconds to flush, then drop the rest
+                # rather than hold up the process (a pod is waiting to stop).
+                drain_until = drain_until or loop.time() + DRAIN_S
+                if loop.time() > drain_until:
+                    self.dropped += self.queue.qsize()
+                    return
             try:
                 event = await asyncio.wait_for(self.queue.get(), 0.5)
             except TimeoutError:

@@ -104,7 +104,9 @@ def load_credentials(kubeconfig: Path | str | None) -> Credentials:
         return load_kubeconfig(kubeconfig)
     if os.environ.get("KUBECONFIG"):
         return load_kubeconfig(os.environ["KUBECONFIG"].split(":")[0])
-    return load_incluster()
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return load_incluster()
+    return load_kubeconfig(Path.home() / ".kube" / "config")
 
 
 @dataclass(frozen=True)
@@ -193,6 +195,14 @@ class KubeClient:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+    def session(self) -> aiohttp.ClientSession:
+        """The underlying pool, for requests this client has no verb for (pods/proxy)."""
+        assert self._session is not None, "KubeClient not opened"
+        return self._session
+
+    def auth_headers(self) -> dict[str, str]:
+        return self._token_header()
 
     def _token_header(self) -> dict[str, str]:
         # In-cluster tokens rotate (bound tokens, ~1 h): read at each request.

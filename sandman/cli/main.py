@@ -7,7 +7,7 @@ import logging
 import sys
 
 from sandman import __version__
-from sandman.cli import bench, cluster, image
+from sandman.cli import bench, cluster, image, sandboxes
 from sandman.reaper import cli as reaper_cli
 from sandman.webhook import cli as webhook_cli
 
@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"sandman {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="cmd", required=True)
+    sandboxes.add_parsers(sub)
     cluster.add_parser(sub)
     image.add_parser(sub)
     webhook_cli.add_parser(sub)
@@ -30,12 +31,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # `sandman run IMAGE -- CMD...` / `sandman exec POD -- CMD...`: what follows
+    # `--` is the command, verbatim. Split it off here: argparse's own `--`
+    # handling does not work across subcommands.
+    tail: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, tail = argv[:cut], argv[cut + 1 :]
     args = parser.parse_args(argv)
+    if tail:
+        if not hasattr(args, "command"):
+            parser.error("`--` is only for `run` and `exec`")
+        args.command = tail
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
     try:
+        if getattr(args, "sandbox_cmd", None) is not None:
+            return sandboxes.run_sandbox_command(args)
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130

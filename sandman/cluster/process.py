@@ -84,10 +84,17 @@ class ManagedProcess:
         return rec.pid
 
     def start(self) -> int:
-        """Start the process detached (own session) unless it already runs."""
+        """Start the process detached (own session) unless it already runs.
+
+        A running process started with other arguments (a new daemon image,
+        another config) is restarted, so that `up` converges on the config.
+        """
         pid = self.running_pid()
         if pid is not None:
-            return pid
+            rec = self.record()
+            if rec is not None and rec.argv == self.argv:
+                return pid
+            self.stop()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ if self.env is None else self.env)

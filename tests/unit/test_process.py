@@ -65,3 +65,17 @@ def test_wait_until_reports_death_with_log(tmp_path: Path) -> None:
         wait_until(p, lambda: False, timeout_s=10, what="healthy")
     assert "exited while waiting for healthy" in str(e.value)
     assert "boom-marker" in str(e.value)
+
+
+def test_changed_arguments_restart_the_process(tmp_path: Path) -> None:
+    first = proc(tmp_path, "sleep", "60")
+    pid = first.start()
+    again = proc(tmp_path, "sleep", "61")  # same component, new arguments
+    try:
+        new_pid = again.start()
+        assert new_pid != pid
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
+        assert again.running_pid() == new_pid
+        assert again.start() == new_pid  # same arguments: left running
+    finally:
+        again.stop()

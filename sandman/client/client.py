@@ -1,0 +1,123 @@
+"""The SDK's client: shared connection pools, credentials and access keys.
+
+Create one per process (or per event loop) and pass it to every Sandbox:
+
+    async with SandmanClient(namespace="rl") as client:
+        async with await Sandbox.create(client, "127.0.0.1:5000/sandman/swe:1") as sb:
+            print((await sb.exec("python3 -m unittest")).exit_code)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import enum
+import time
+from pathlib import Path
+from typing import Any
+
+from sandman import tokens
+from sandman.client.errors import ClientClosed
+from sandman.client.transport import HttpTransport, Transport
+from sandman.kube_async import SECRETS, ApiError, KubeClient
+
+# The webhook publishes a new namespace's access key within a second or so;
+# waiting up to 10 s covers a busy control plane.
+ACCESS_KEY_WAIT_S = 10.0
+
+
+class ClientState(enum.Enum):
+    UNOPENED = "unopened"
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+class _Unset:
+    """Sentinel: "not given" (as opposed to None, which may mean "none")."""
+
+
+UNSET: Any = _Unset()
+
+
+class SandmanClient:
+    """Holds the Kubernetes client, the daemon transport and per-namespace keys.
+
+    Safe for concurrent use by the tasks of one event loop; not thread-safe
+    (the sync wrapper runs it on its own loop thread). Using it after
+    ``close()`` raises ClientClosed instead of failing somewhere deep.
+    """
+
+    def __init__(
+        self,
+        *,
+        kubeconfig: Path | str | None = None,
+        namespace: str = "default",
+        transport: Transport | str = "auto",
+        kube: KubeClient | None = None,
+        access_keys: dict[str, bytes] | None = None,
+    ) -> None:
+        self.namespace = namespace
+        self.kube = kube or KubeClient.from_kubeconfig(kubeconfig, user_agent="sandman-sdk")
+        self._transport_arg = transport
+        self._transport: Transport | None = None
+        self._keys: dict[str, bytes] = dict(access_keys or {})
+        self._key_locks: dict[str, asyncio.Lock] = {}
+        self.state = ClientState.UNOPENED
+
+    async def __aenter__(self) -> SandmanClient:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def open(self) -> None:
+        if self.state is ClientState.CLOSED:
+            raise ClientClosed("this SandmanClient was closed; create a new one")
+        if self.state is ClientState.OPEN:
+            return
+        self.kube.open()
+        t = self._transport_arg
+        self._transport = HttpTransport(self.kube, t) if isinstance(t, str) else t
+        self.state = ClientState.OPEN
+
+    async def close(self) -> None:
+        if self.state is ClientState.OPEN:
+            assert self._transport is not None
+            await self._transport.close()
+            await self.kube.close()
+        self.state = ClientState.CLOSED
+
+    def check_open(self) -> None:
+        if self.state is not ClientState.OPEN:
+            raise ClientClosed(f"SandmanClient is {self.state.value}; use `async with` or open()")
+
+    @property
+    def transport(self) -> Transport:
+        self.check_open()
+        assert self._transport is not None
+        return self._transport
+
+    async def namespace_key(self, namespace: str) -> bytes:
+        """K_ns from the namespace's ``sandman-access`` Secret (read by RBAC)."""
+        if namespace in self._keys:
+            return self._keys[namespace]
+        lock = self._key_locks.setdefault(namespace, asyncio.Lock())
+        async with lock:
+            if namespace in self._keys:
+                return self._keys[namespace]
+            deadline = time.monotonic() + ACCESS_KEY_WAIT_S
+            while True:
+                try:
+                    s = await self.kube.get(SECRETS, tokens.ACCESS_SECRET, namespace)
+                    key = base64.b64decode(s["data"][tokens.KEY_FIELD])
+                    break
+                except ApiError as e:
+                    if not e.not_found or time.monotonic() > deadline:
+                        raise
+                await asyncio.sleep(0.2)
+            self._keys[namespace] = key
+            return key
+
+    async def token_for(self, namespace: str, sandbox_id: str) -> str:
+        return tokens.sandbox_token(await self.namespace_key(namespace), sandbox_id)

@@ -1,0 +1,523 @@
+"""A sandbox: an ordinary labeled pod, and a typed handle on its daemon."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime as dt
+import json
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sandman.client import startup
+from sandman.client.client import UNSET, SandmanClient
+from sandman.client.errors import (
+    DaemonError,
+    SandboxGone,
+    SandboxStartError,
+    TransportError,
+    Unauthorized,
+)
+from sandman.client.results import ExecResult, Process, Session, decode_output
+from sandman.client.transport import DaemonRequest, Target
+from sandman.contract import (
+    ANN_EXPIRES_AT,
+    ANN_IDLE_TIMEOUT,
+    ANN_PROFILE,
+    ANN_TTL,
+    ANN_WORKSPACE,
+    LABEL_ID,
+    LABEL_SANDBOX,
+    format_time,
+    parse_duration,
+)
+from sandman.kube_async import JSON_PATCH, PODS, ApiError, WatchExpired
+
+DEFAULT_TIMEOUT_S = 600.0
+# How long "no node fits" is tolerated before it fails the start: long enough
+# for a finishing rollout to free room in a busy batch, short enough that a
+# request nobody can ever satisfy fails in well under a minute.
+UNSCHEDULABLE_GRACE = dt.timedelta(seconds=30)
+
+
+@dataclass
+class Timings:
+    """Client-observed instants (time.monotonic) of a sandbox's start."""
+
+    requested: float = 0.0
+    created: float | None = None
+    scheduled: float | None = None
+    started: float | None = None
+    ready: float | None = None
+    first_result: float | None = None
+
+    def phases(self) -> dict[str, float | None]:
+        def d(a: float | None, b: float | None) -> float | None:
+            return None if a is None or b is None else b - a
+
+        return {
+            "create_s": d(self.requested, self.created),
+            "schedule_s": d(self.created, self.scheduled),
+            "start_s": d(self.scheduled, self.started),  # pull + container start
+            "ready_s": d(self.started, self.ready),
+            "first_command_s": d(self.ready, self.first_result),
+            "ttfc_s": d(self.requested, self.first_result),
+        }
+
+
+def build_pod(
+    image: str,
+    *,
+    name: str | None,
+    command: Sequence[str] | None,
+    env: Mapping[str, str],
+    resources: Mapping[str, Any] | None,
+    ttl: str | None,
+    idle_timeout: str | None,
+    profile: str | None,
+    workspace: str | None,
+    labels: Mapping[str, str],
+    annotations: Mapping[str, str],
+    node_selector: Mapping[str, str] | None,
+    tolerations: Sequence[Mapping[str, Any]] | None,
+) -> dict[str, Any]:
+    ann = dict(annotations)
+    for key, value in (
+        (ANN_TTL, ttl),
+        (ANN_IDLE_TIMEOUT, idle_timeout),
+        (ANN_PROFILE, profile),
+        (ANN_WORKSPACE, workspace),
+    ):
+        if value:
+            ann[key] = value
+    container: dict[str, Any] = {"name": "main", "image": image}
+    if command:
+        container["command"] = list(command)
+    if env:
+        container["env"] = [{"name": k, "value": v} for k, v in env.items()]
+    if resources:
+        container["resources"] = dict(resources)
+    md: dict[str, Any] = {"labels": {**labels, LABEL_SANDBOX: "true"}, "annotations": ann}
+    if name:
+        md["name"] = name
+    else:
+        md["generateName"] = "sandbox-"
+    spec: dict[str, Any] = {"containers": [container], "terminationGracePeriodSeconds": 5}
+    if node_selector:
+        spec["nodeSelector"] = dict(node_selector)
+    if tolerations:
+        spec["tolerations"] = [dict(t) for t in tolerations]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": md, "spec": spec}
+
+
+class Sandbox:
+    """One sandbox. Safe for concurrent calls from tasks of one event loop (the
+    daemon serialises what must be serial, e.g. runs of one session)."""
+
+    def __init__(self, client: SandmanClient, pod: dict[str, Any]) -> None:
+        self.client = client
+        self.pod = pod
+        self.timings = Timings(requested=time.monotonic())
+        self._token: str | None = None
+        self.released = False
+
+    # -- identity ------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return str(self.pod["metadata"]["name"])
+
+    @property
+    def namespace(self) -> str:
+        return str(self.pod["metadata"]["namespace"])
+
+    @property
+    def id(self) -> str:
+        return str(self.pod["metadata"]["labels"][LABEL_ID])
+
+    @property
+    def ip(self) -> str | None:
+        return (self.pod.get("status") or {}).get("podIP")
+
+    def __repr__(self) -> str:
+        return f"<Sandbox {self.namespace}/{self.name}>"
+
+    # -- lifecycle -------------------------------------------------------------
+    @classmethod
+    async def create(
+        cls,
+        client: SandmanClient,
+        image: str,
+        *,
+        namespace: str | None = None,
+        name: str | None = None,
+        command: Sequence[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        resources: Mapping[str, Any] | None = None,
+        ttl: str | None = None,
+        idle_timeout: str | None = None,
+        profile: str | None = None,
+        workspace: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        annotations: Mapping[str, str] | None = None,
+        node_selector: Mapping[str, str] | None = None,
+        tolerations: Sequence[Mapping[str, Any]] | None = None,
+        timeout_s: float = 300.0,
+        unschedulable_grace: dt.timedelta = UNSCHEDULABLE_GRACE,
+        wait: bool = True,
+    ) -> Sandbox:
+        """Create a labeled pod and (by default) wait until its daemon is Ready.
+
+        Raises SandboxStartError(reason, retryable) as soon as the cause is
+        known (the pod is deleted then, so nothing is left behind).
+        """
+        client.check_open()
+        ns = namespace or client.namespace
+        body = build_pod(
+            image,
+            name=name,
+            command=command,
+            env=env or {},
+            resources=resources,
+            ttl=ttl,
+            idle_timeout=idle_timeout,
+            profile=profile,
+            workspace=workspace,
+            labels=labels or {},
+            annotations=annotations or {},
+            node_selector=node_selector,
+            tolerations=tolerations,
+        )
+        requested = time.monotonic()
+        try:
+            created = await client.kube.create(PODS, body, ns)
+        except ApiError as e:
+            raise startup.admission_error(e.status, e.body) from None
+        sb = cls(client, created)
+        sb.timings.requested, sb.timings.created = requested, time.monotonic()
+        if wait:
+            try:
+                await sb.wait_ready(timeout_s, unschedulable_grace=unschedulable_grace)
+            except BaseException:
+                await sb.release()
+                raise
+        return sb
+
+    @classmethod
+    async def attach(
+        cls, client: SandmanClient, name: str, namespace: str | None = None
+    ) -> Sandbox:
+        """A handle on a sandbox created by other tooling (kubectl, a Job, a pool)."""
+        client.check_open()
+        try:
+            pod = await client.kube.get(PODS, name, namespace or client.namespace)
+        except ApiError as e:
+            if e.not_found:
+                raise SandboxGone(f"no pod {namespace or client.namespace}/{name}") from None
+            raise
+        if LABEL_ID not in ((pod.get("metadata") or {}).get("labels") or {}):
+            raise SandboxStartError(
+                SandboxStartError.INVALID,
+                f"pod {name} is not a sandbox (no {LABEL_ID} label)",
+                retryable=False,
+                pod=name,
+            )
+        return cls(client, pod)
+
+    async def wait_ready(
+        self, timeout_s: float = 300.0, *, unschedulable_grace: dt.timedelta = UNSCHEDULABLE_GRACE
+    ) -> None:
+        """Wait by watch (no polling) until Ready; fail fast with a classified error."""
+        t0 = time.monotonic()
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._watch_until_ready(t0, unschedulable_grace)
+        except TimeoutError:
+            raise SandboxStartError(
+                SandboxStartError.TIMEOUT,
+                f"not Ready after {timeout_s:.0f}s",
+                retryable=True,
+                pod=self.name,
+            ) from None
+
+    async def _watch_until_ready(self, t0: float, grace: dt.timedelta) -> None:
+        kube = self.client.kube
+        rv = self.pod["metadata"]["resourceVersion"]
+        while True:
+            if self._observe(self.pod, t0, grace):
+                return
+            try:
+                async for kind, obj in kube.watch(
+                    PODS,
+                    self.namespace,
+                    resource_version=rv,
+                    timeout_s=60,
+                    field_selector=f"metadata.name={self.name}",
+                ):
+                    rv = obj["metadata"].get("resourceVersion", rv)
+                    if kind == "BOOKMARK":
+                        continue
+                    if kind == "DELETED":
+                        raise SandboxStartError(
+                            SandboxStartError.DELETED,
+                            "the pod was deleted before it was Ready",
+                            retryable=True,
+                            pod=self.name,
+                        )
+                    self.pod = obj
+                    if self._observe(obj, t0, grace):
+                        return
+            except WatchExpired:
+                self.pod = await kube.get(PODS, self.name, self.namespace)
+                rv = self.pod["metadata"]["resourceVersion"]
+
+    def _observe(self, pod: dict[str, Any], t0: float, grace: dt.timedelta) -> bool:
+        now = time.monotonic()
+        t = self.timings
+        if t.scheduled is None and (pod.get("spec") or {}).get("nodeName"):
+            t.scheduled = now
+        statuses = (pod.get("status") or {}).get("containerStatuses") or []
+        if t.started is None and any("running" in (s.get("state") or {}) for s in statuses):
+            t.started = now
+        if startup.ready(pod):
+            t.ready = now
+            return True
+        err = startup.verdict(pod, waited=dt.timedelta(seconds=now - t0), unschedulable_grace=grace)
+        if err is not None:
+            raise err
+        return False
+
+    async def release(self) -> None:
+        """Delete the pod (idempotent; a pod already gone is fine)."""
+        if self.released:
+            return
+        try:
+            await self.client.kube.delete(
+                PODS, self.name, self.namespace, uid=self.pod["metadata"].get("uid")
+            )
+        except ApiError as e:
+            if not (e.not_found or e.conflict):  # conflict: UID differs, a new pod: not ours
+                raise
+        self.released = True
+
+    async def extend(self, ttl: str | dt.timedelta) -> dt.datetime:
+        """Move the lease's end to now + ttl (within the policy's maximum)."""
+        td = parse_duration(ttl) if isinstance(ttl, str) else ttl
+        until = dt.datetime.now(dt.UTC) + td
+        patch = [
+            {
+                "op": "add",
+                "path": "/metadata/annotations/" + ANN_EXPIRES_AT.replace("/", "~1"),
+                "value": format_time(until),
+            }
+        ]
+        try:
+            self.pod = await self.client.kube.patch(
+                PODS, self.name, patch, self.namespace, content_type=JSON_PATCH
+            )
+        except ApiError as e:
+            if e.not_found:
+                raise SandboxGone(f"{self} is gone") from None
+            raise DaemonError(e.status, "extend_denied", e.body.get("message", str(e))) from None
+        return until
+
+    async def __aenter__(self) -> Sandbox:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.release()
+
+    # -- daemon calls ----------------------------------------------------------
+    async def _target(self) -> Target:
+        if self._token is None:
+            self._token = await self.client.token_for(self.namespace, self.id)
+        return Target(self.namespace, self.name, self.ip, self._token)
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = UNSET,
+        data: Any = None,
+        params: Mapping[str, str] | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+    ) -> Any:
+        resp = await self.client.transport.send(
+            await self._target(),
+            DaemonRequest(method, path, dict(params or {}), None if body is UNSET else body, data),
+            timeout,
+        )
+        payload = await resp.read()
+        if resp.status >= 400:
+            raise _daemon_error(resp.status, payload, self)
+        ctype_json = payload[:1] in (b"{", b"[")
+        return json.loads(payload) if ctype_json else payload
+
+    async def exec(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: str | bytes | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_output_bytes: int | None = None,
+    ) -> ExecResult:
+        body = _exec_body(cmd, cwd, env, stdin, timeout_s, max_output_bytes)
+        doc = await self._call("POST", "/v1/exec", body=body, timeout=timeout_s + 30)
+        if self.timings.first_result is None:
+            self.timings.first_result = time.monotonic()
+        return ExecResult.from_json(doc)
+
+    async def exec_stream(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> AsyncIterator[tuple[str, bytes] | ExecResult]:
+        """Yields (stream, bytes) chunks as they come, then the final ExecResult."""
+        body = _exec_body(cmd, cwd, env, None, timeout_s, None)
+        resp = await self.client.transport.send(
+            await self._target(),
+            DaemonRequest("POST", "/v1/exec", {"stream": "1"}, body),
+            timeout_s + 30,
+        )
+        if resp.status >= 400:
+            raise _daemon_error(resp.status, await resp.read(), self)
+        buf = b""
+        async for chunk in resp.chunks():
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                rec = json.loads(line)
+                if rec["type"] == "output":
+                    yield rec["stream"], decode_output(rec["data"], rec["encoding"])
+                else:
+                    yield ExecResult.from_json({**rec, "stdout": "", "stderr": ""})
+
+    async def session(
+        self, *, cwd: str | None = None, env: Mapping[str, str] | None = None
+    ) -> Session:
+        body: dict[str, Any] = {}
+        if cwd:
+            body["cwd"] = cwd
+        if env:
+            body["env"] = dict(env)
+        doc = await self._call("POST", "/v1/sessions", body=body)
+        return Session(self, doc["id"])
+
+    async def start(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bool = False,
+        name: str | None = None,
+    ) -> Process:
+        body: dict[str, Any] = {"cmd": cmd if isinstance(cmd, str) else list(cmd), "stdin": stdin}
+        if cwd:
+            body["cwd"] = cwd
+        if env:
+            body["env"] = dict(env)
+        if name:
+            body["name"] = name
+        doc = await self._call("POST", "/v1/processes", body=body)
+        return Process(self, doc["id"], doc["pid"])
+
+    async def read_file(self, path: str) -> bytes:
+        data = await self._call("GET", "/v1/files", params={"path": path})
+        return data if isinstance(data, bytes) else json.dumps(data).encode()
+
+    async def write_file(
+        self, path: str, data: bytes | str, *, mode: str = "0644", mkdirs: bool = True
+    ) -> None:
+        raw = data.encode() if isinstance(data, str) else data
+        await self._call(
+            "PUT",
+            "/v1/files",
+            data=raw,
+            params={"path": path, "mode": mode, "mkdirs": "1" if mkdirs else "0"},
+        )
+
+    async def stat(self, path: str) -> dict[str, Any]:
+        return await self._call("GET", "/v1/files/stat", params={"path": path})  # type: ignore[no-any-return]
+
+    async def list_dir(self, path: str) -> list[dict[str, Any]]:
+        return (await self._call("GET", "/v1/files/list", params={"path": path}))["entries"]  # type: ignore[no-any-return]
+
+    async def mkdir(self, path: str) -> None:
+        await self._call("POST", "/v1/files/mkdir", body={"path": path, "parents": True})
+
+    async def move(self, src: str, dst: str, *, overwrite: bool = False) -> None:
+        await self._call(
+            "POST", "/v1/files/move", body={"src": src, "dst": dst, "overwrite": overwrite}
+        )
+
+    async def remove(self, path: str, *, recursive: bool = False) -> None:
+        await self._call("POST", "/v1/files/remove", body={"path": path, "recursive": recursive})
+
+    async def upload_tar(self, directory: str, tar_bytes: bytes) -> dict[str, Any]:
+        return await self._call(
+            "PUT",
+            "/v1/files/tar",
+            data=tar_bytes,  # type: ignore[no-any-return]
+            params={"path": directory, "mkdirs": "1"},
+        )
+
+    async def download_tar(self, path: str, *, gzip: bool = False) -> bytes:
+        data = await self._call(
+            "GET", "/v1/files/tar", params={"path": path, "gzip": "1" if gzip else "0"}
+        )
+        assert isinstance(data, bytes)
+        return data
+
+    async def reset(self) -> dict[str, Any]:
+        """Restore for reuse; check ``["clean"]``: a sandbox with drift must be replaced."""
+        return await self._call("POST", "/v1/reset", timeout=300)  # type: ignore[no-any-return]
+
+    async def status(self) -> dict[str, Any]:
+        return await self._call("GET", "/v1/status")  # type: ignore[no-any-return]
+
+
+def _exec_body(
+    cmd: str | Sequence[str],
+    cwd: str | None,
+    env: Mapping[str, str] | None,
+    stdin: str | bytes | None,
+    timeout_s: float,
+    max_output_bytes: int | None,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "cmd": cmd if isinstance(cmd, str) else list(cmd),
+        "timeout_s": timeout_s,
+    }
+    if cwd:
+        body["cwd"] = cwd
+    if env:
+        body["env"] = dict(env)
+    if stdin is not None:
+        if isinstance(stdin, bytes):
+            body["stdin"], body["stdin_encoding"] = base64.b64encode(stdin).decode(), "base64"
+        else:
+            body["stdin"] = stdin
+    if max_output_bytes is not None:
+        body["max_output_bytes"] = max_output_bytes
+    return body
+
+
+def _daemon_error(status: int, payload: bytes, sb: Sandbox) -> Exception:
+    try:
+        err = json.loads(payload)["error"]
+        code, message = err["code"], err["message"]
+    except (ValueError, KeyError, TypeError):
+        code, message = "http_error", payload[:300].decode(errors="replace")
+    if status == 401:
+        return Unauthorized(status, code, message)
+    if status in (502, 503, 504) and code == "http_error":
+        return TransportError(f"{sb}: HTTP {status} from the path to the daemon: {message}")
+    return DaemonError(status, code, message)

@@ -1,0 +1,212 @@
+"""How requests reach a sandbox's daemon: directly, through the apiserver, or a mock.
+
+- ``direct``: ``http://POD_IP:7878`` (in-cluster, or a host on the pod network
+  such as the local cluster's).
+- ``proxy``: the apiserver's ``pods/proxy`` subresource, with the caller's
+  kubeconfig credentials (works from anywhere the apiserver is reachable; the
+  token travels in ``X-Sandman-Token`` because the apiserver consumes
+  ``Authorization``).
+- ``MockTransport``: a handler function instead of a network, for unit tests.
+
+One ``aiohttp`` connection pool serves every sandbox of a client, so
+thousands of sandboxes cost a bounded number of sockets and keep-alive
+connections are reused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+from urllib.parse import quote, urlencode
+
+import aiohttp
+
+from sandman.client.errors import TransportError
+from sandman.contract import DAEMON_PORT
+from sandman.kube_async import KubeClient
+
+TOKEN_HEADER = "X-Sandman-Token"
+
+
+@dataclass(frozen=True)
+class Target:
+    namespace: str
+    name: str
+    ip: str | None
+    token: str
+
+
+@dataclass
+class DaemonRequest:
+    method: str
+    path: str
+    params: Mapping[str, str] = field(default_factory=dict)
+    json_body: Any = None
+    data: bytes | AsyncIterator[bytes] | None = None
+
+
+class DaemonResponse(Protocol):
+    status: int
+
+    async def read(self) -> bytes: ...
+
+    def chunks(self) -> AsyncIterator[bytes]: ...
+
+    async def close(self) -> None: ...
+
+
+class Transport(Protocol):
+    async def send(self, target: Target, req: DaemonRequest, timeout: float) -> DaemonResponse: ...
+
+    async def close(self) -> None: ...
+
+
+class _AiohttpResponse:
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self._resp = resp
+        self.status = resp.status
+
+    async def read(self) -> bytes:
+        try:
+            return await self._resp.read()
+        finally:
+            self._resp.release()
+
+    async def chunks(self) -> AsyncIterator[bytes]:  # type: ignore[override]
+        try:
+            async for chunk in self._resp.content.iter_any():
+                yield chunk
+        finally:
+            self._resp.release()
+
+    async def close(self) -> None:
+        self._resp.release()
+
+
+class HttpTransport:
+    """Direct to pod IPs, or through the apiserver; chosen per client.
+
+    Safe for concurrent use by the tasks of one event loop.
+    """
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        mode: str = "auto",
+        *,
+        max_connections: int = 1000,
+        port: int = DAEMON_PORT,
+    ) -> None:
+        if mode not in ("auto", "direct", "proxy"):
+            raise ValueError("transport mode must be auto, direct or proxy")
+        self.kube = kube
+        self.mode = mode
+        self.port = port
+        self._direct = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=max_connections, limit_per_host=8),
+        )
+        self._decided: str | None = None if mode == "auto" else mode
+        self._decide_lock = asyncio.Lock()
+
+    async def _choose(self, target: Target) -> str:
+        if self._decided is not None:
+            return self._decided
+        async with self._decide_lock:
+            if self._decided is None:
+                self._decided = "direct" if await self._reachable(target) else "proxy"
+            return self._decided
+
+    async def _reachable(self, target: Target) -> bool:
+        if not target.ip:
+            return False
+        try:
+            _, writer = await asyncio.wait_for(
+                asyncio.open_connection(target.ip, self.port), timeout=1.0
+            )
+        except (OSError, TimeoutError):
+            return False
+        writer.close()
+        return True
+
+    @property
+    def chosen(self) -> str | None:
+        return self._decided
+
+    async def send(self, target: Target, req: DaemonRequest, timeout: float) -> DaemonResponse:
+        mode = await self._choose(target)
+        headers = {TOKEN_HEADER: target.token}
+        body: Any = req.data
+        if req.json_body is not None:
+            body = json.dumps(req.json_body).encode()
+            headers["Content-Type"] = "application/json"
+        query = ("?" + urlencode(dict(req.params))) if req.params else ""
+        client_timeout = aiohttp.ClientTimeout(total=timeout)
+        try:
+            if mode == "direct":
+                if not target.ip:
+                    raise TransportError(f"sandbox {target.name} has no pod IP yet")
+                headers["Authorization"] = f"Bearer {target.token}"
+                url = f"http://{target.ip}:{self.port}{req.path}{query}"
+                resp = await self._direct.request(
+                    req.method, url, data=body, headers=headers, timeout=client_timeout
+                )
+            else:
+                session = self.kube.session()
+                url = (
+                    f"{self.kube.creds.server}/api/v1/namespaces/{quote(target.namespace)}"
+                    f"/pods/{quote(target.name)}:{self.port}/proxy{req.path}{query}"
+                )
+                resp = await session.request(
+                    req.method,
+                    url,
+                    data=body,
+                    headers={**self.kube.auth_headers(), **headers},
+                    timeout=client_timeout,
+                )
+        except (aiohttp.ClientError, OSError) as e:
+            raise TransportError(f"sandbox {target.namespace}/{target.name}: {e}") from e
+        return _AiohttpResponse(resp)
+
+    async def close(self) -> None:
+        await self._direct.close()
+
+
+# -- a transport for unit tests ------------------------------------------------------
+@dataclass
+class MockResponse:
+    status: int
+    body: bytes = b""
+
+    @classmethod
+    def json(cls, status: int, doc: Any) -> MockResponse:
+        return cls(status, json.dumps(doc).encode())
+
+    async def read(self) -> bytes:
+        return self.body
+
+    async def chunks(self) -> AsyncIterator[bytes]:  # type: ignore[override]
+        yield self.body
+
+    async def close(self) -> None:
+        return None
+
+
+Handler = Callable[[Target, DaemonRequest], Awaitable[MockResponse]]
+
+
+class MockTransport:
+    """Calls ``handler`` instead of a daemon (httpx's MockTransport idea)."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.requests: list[tuple[Target, DaemonRequest]] = []
+
+    async def send(self, target: Target, req: DaemonRequest, timeout: float) -> DaemonResponse:
+        self.requests.append((target, req))
+        return await self.handler(target, req)
+
+    async def close(self) -> None:
+        return None
