@@ -1,18 +1,15 @@
-"""The real-node half of `sandman bench daemon`: daemon vs `kubectl exec`.
+"""The real-node half of `sandman bench daemon`: daemon and SDK vs `kubectl exec`.
 
-One pod of the `tiny` image runs the daemon the way injection does it (an
-init container copies the executable from the `daemon` image into an
-emptyDir at /.sandman; the container's command becomes `sandmand serve --
-<original>`), and the same command (`true`) is timed through the daemon's
-HTTP API from the host and through `kubectl exec`, in the same run.
+One sandbox of the `tiny` image is created the way users do (a labeled pod;
+the webhook injects the daemon), and the same command (`true`) is timed, in
+the same run, three ways: raw HTTP to the daemon from the host, the SDK's
+`Sandbox.exec` over its direct transport, and `kubectl exec`.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
-import secrets
 import subprocess
 import time
 import uuid
@@ -22,59 +19,31 @@ from kubernetes.client import CoreV1Api
 
 from sandman.bench.daemon import exec_latencies
 from sandman.bench.report import percentile
+from sandman.client import Sandbox, SandmanClient
 from sandman.cluster.kwok_nodes import NODE_KIND_LABEL
 from sandman.images.build import ImageBuilder
 from sandman.kube import api_client
-from sandman.testing import bench_bed, wait_ready
+from sandman.testing import bench_bed
 
-DAEMON_PORT = 7878
+SDK_EXECS = 500
 
 
-def injected_pod(name: str, image: str, daemon_image: str, token_sha256: str) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name},
-        "spec": {
-            "nodeSelector": {NODE_KIND_LABEL: "real"},
-            "terminationGracePeriodSeconds": 2,
-            "automountServiceAccountToken": False,
-            "volumes": [{"name": "sandman", "emptyDir": {}}],
-            "initContainers": [
-                {
-                    "name": "sandman-install",
-                    "image": daemon_image,
-                    "command": ["/sandmand", "install", "/.sandman"],
-                    "volumeMounts": [{"name": "sandman", "mountPath": "/.sandman"}],
-                }
-            ],
-            "containers": [
-                {
-                    "name": "main",
-                    "image": image,
-                    "command": [
-                        "/.sandman/sandmand",
-                        "serve",
-                        f"--listen=0.0.0.0:{DAEMON_PORT}",
-                        "--",
-                        "httpd",
-                        "-f",
-                        "-p",
-                        "8080",
-                        "-h",
-                        "/www",
-                    ],
-                    "env": [
-                        {"name": "SANDMAN_TOKEN_SHA256", "value": token_sha256},
-                        {"name": "TMPDIR", "value": "/.sandman"},
-                    ],
-                    "volumeMounts": [{"name": "sandman", "mountPath": "/.sandman"}],
-                    "readinessProbe": {
-                        "httpGet": {"path": "/healthz", "port": DAEMON_PORT},
-                        "periodSeconds": 1,
-                    },
-                }
-            ],
-        },
-    }
+async def _sdk_and_http(kubeconfig: str, ns: str, image: str) -> dict[str, Any]:
+    async with SandmanClient(kubeconfig=kubeconfig, namespace=ns, transport="direct") as c:
+        sb = await Sandbox.create(
+            c, image, node_selector={NODE_KIND_LABEL: "real"}, command=["sleep", "3600"], ttl="30m"
+        )
+        token = await c.token_for(sb.namespace, sb.id)
+        http = await exec_latencies(f"http://{sb.ip}:7878", token, SDK_EXECS)
+        sdk = []
+        for _ in range(20):  # warm the pool
+            await sb.exec(["true"])
+        for _ in range(SDK_EXECS):
+            t = time.perf_counter()
+            r = await sb.exec(["true"])
+            sdk.append((time.perf_counter() - t) * 1000)
+            assert r.exit_code == 0
+        return {"name": sb.name, "http": http, "sdk": sdk, "ttfc_s": sb.timings.phases()["ttfc_s"]}
 
 
 def node_comparison(args: argparse.Namespace, local: dict[str, Any]) -> dict[str, Any]:
@@ -83,26 +52,19 @@ def node_comparison(args: argparse.Namespace, local: dict[str, Any]) -> dict[str
         cluster = bed.cluster
         node = cluster.real_node
         assert node is not None
-        builder = ImageBuilder(cluster.config.cache_dir)
-        tiny = builder.build_and_push("tiny", node.registry).ref
-        daemon = builder.build_and_push("daemon", node.registry).ref
+        tiny = ImageBuilder(cluster.config.cache_dir).build_and_push("tiny", node.registry).ref
         core = CoreV1Api(api_client(cluster.kubeconfig))
         ns = f"bench-daemon-{uuid.uuid4().hex[:6]}"
         core.create_namespace({"metadata": {"name": ns}})
         try:
-            token = secrets.token_hex(16)
-            digest = hashlib.sha256(token.encode()).hexdigest()
-            core.create_namespaced_pod(ns, injected_pod("sandbox", tiny, daemon, digest))
-            pod = wait_ready(core, ns, "sandbox", timeout=180)
-            url = f"http://{pod['status']['podIP']}:{DAEMON_PORT}"
-            daemon_lat = asyncio.run(exec_latencies(url, token, 500))
+            got = asyncio.run(_sdk_and_http(str(cluster.kubeconfig), ns, tiny))
             kubectl = [
                 str(cluster.binaries.kubectl),
                 f"--kubeconfig={cluster.kubeconfig}",
                 "-n",
                 ns,
                 "exec",
-                "sandbox",
+                got["name"],
                 "-c",
                 "main",
                 "--",
@@ -118,12 +80,17 @@ def node_comparison(args: argparse.Namespace, local: dict[str, Any]) -> dict[str
             core.delete_namespace(ns)
     finally:
         bed.close()
-    node_p50 = percentile(daemon_lat, 50)
+    node_p50 = percentile(got["http"], 50)
+    sdk_p50 = percentile(got["sdk"], 50)
     kube_p50 = percentile(kube_lat, 50)
     return {
         "node_exec_p50_ms": node_p50,
-        "node_exec_p99_ms": percentile(daemon_lat, 99),
+        "node_exec_p99_ms": percentile(got["http"], 99),
+        "sdk_exec_p50_ms": sdk_p50,
+        "sdk_exec_p99_ms": percentile(got["sdk"], 99),
         "kubectl_exec_p50_ms": kube_p50,
         "kubectl_exec_p99_ms": percentile(kube_lat, 99),
         "kubectl_vs_daemon_ratio": kube_p50 / node_p50,
+        "sdk_vs_kubectl_exec_ratio": kube_p50 / sdk_p50,
+        "sandbox_ttfc_s": got["ttfc_s"],
     }
