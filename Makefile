@@ -31,6 +31,7 @@ daemon: venv
 up: venv
 	$(SANDMAN) cluster up --real-node --deploy --kwok-nodes $(KWOK_NODES)
 	$(SANDMAN) image build tiny swe
+	$(SANDMAN) demo
 
 down: venv
 	$(SANDMAN) cluster down

@@ -7,7 +7,7 @@ import logging
 import sys
 
 from sandman import __version__
-from sandman.cli import bench, cluster, image, sandboxes
+from sandman.cli import bench, cluster, demo, image, sandboxes
 from sandman.reaper import cli as reaper_cli
 from sandman.webhook import cli as webhook_cli
 
@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="cmd", required=True)
     sandboxes.add_parsers(sub)
     cluster.add_parser(sub)
+    demo.add_parser(sub)
     image.add_parser(sub)
     webhook_cli.add_parser(sub)
     reaper_cli.add_parser(sub)
