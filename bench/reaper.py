@@ -234,6 +234,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "wrong_deletions": len(wrong) + len(early),
         "api_requests_per_reclaim": requests / max(1, len(lat)),
         "throttled": m.get("sandman_reaper_deletes_throttled_total", 0.0),
+        # The reaper's own view (delete time - deadline), to tell its lag from
+        # the observing watch's.
+        "reaper_mean_latency_s": m.get(
+            'sandman_reaper_reclaim_latency_seconds_sum{reason="LeaseExpired"}', 0.0
+        )
+        / max(
+            1.0, m.get('sandman_reaper_reclaim_latency_seconds_count{reason="LeaseExpired"}', 0.0)
+        ),
         "delete_qps": args.delete_qps,
     }
     print(table("reaper", list(results.items())))
