@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from sandman.reaper import config as cfg
+from sandman.serving import component_main
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -23,8 +23,4 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="sandman-reaper")
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    add_parser(sub)
-    args = parser.parse_args(["reaper", *(argv if argv is not None else sys.argv[1:])])
-    return int(args.func(args))
+    return component_main("sandman-reaper", "reaper", add_parser, argv)

@@ -5,12 +5,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-import signal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from sandman import tokens
 from sandman.events import EventRecorder
@@ -19,6 +17,7 @@ from sandman.leader import LeaderElector
 from sandman.reaper.config import ReaperConfig
 from sandman.reaper.controller import Reaper
 from sandman.reaper.metrics import ReaperMetrics
+from sandman.serving import metrics_response, run_main, serve_app
 
 log = logging.getLogger("sandman.reaper")
 
@@ -61,9 +60,7 @@ async def metrics(request: web.Request) -> web.Response:
     st = request.app[STATE]
     for verb, n in st.client.requests.items():
         st.metrics.api_requests.labels(verb).set(n)
-    return web.Response(
-        body=generate_latest(st.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
-    )
+    return metrics_response(st.metrics.registry)
 
 
 def create_app(config: ReaperConfig, client: KubeClient) -> web.Application:
@@ -121,10 +118,6 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
 async def _serve(config: ReaperConfig) -> int:
     client = KubeClient.from_kubeconfig(config.kubeconfig, user_agent="sandman-reaper")
     app = create_app(config, client)
-    runner = web.AppRunner(app, handle_signals=False, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
-    await site.start()
     log.info(
         "reaper %s on http://%s:%d (dry run: %s)",
         config.identity,
@@ -132,17 +125,8 @@ async def _serve(config: ReaperConfig) -> int:
         config.port,
         config.options.dry_run,
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await runner.cleanup()
-    return 0
+    return await serve_app(app, host=config.host, port=config.port)
 
 
 def serve(config: ReaperConfig) -> int:
-    from sandman.logs import setup_json_logging
-
-    setup_json_logging()
-    return asyncio.run(_serve(config))
+    return run_main(lambda: _serve(config))

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
+from sandman.serving import component_main
 from sandman.webhook import config as cfg
 
 
@@ -23,8 +23,4 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="sandman-webhook")
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    add_parser(sub)
-    args = parser.parse_args(["webhook", *(argv if argv is not None else sys.argv[1:])])
-    return int(args.func(args))
+    return component_main("sandman-webhook", "webhook", add_parser, argv)

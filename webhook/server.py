@@ -10,20 +10,19 @@ import asyncio
 import datetime as dt
 import json
 import logging
-import signal
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from sandman import tokens
 from sandman.contract import REASON_INJECTED, REASON_POLICY_DENIED
 from sandman.events import EventRecorder, ObjectRef
 from sandman.informer import Informer
 from sandman.kube_async import MUTATING_WEBHOOKS, NAMESPACES, VALIDATING_WEBHOOKS, KubeClient
+from sandman.serving import metrics_response, run_main, serve_app
 from sandman.webhook import __version__
 from sandman.webhook.access import AccessPublisher, load_or_create_cluster_key
 from sandman.webhook.certs import CertManager
@@ -207,9 +206,7 @@ async def readyz(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     st = request.app[STATE]
     st.metrics.refresh(st)
-    return web.Response(
-        body=generate_latest(st.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
-    )
+    return metrics_response(st.metrics.registry)
 
 
 def create_app(config: WebhookConfig, client: KubeClient, certs: CertManager) -> web.Application:
@@ -288,30 +285,15 @@ async def _serve(config: WebhookConfig) -> int:
     # The TLS material must exist before the site can start.
     await certs.reconcile()
     app = create_app(config, client, certs)
-    runner = web.AppRunner(app, handle_signals=False, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(
-        runner,
-        config.host,
-        config.port,
-        ssl_context=certs.ssl_context(),
-        reuse_address=True,
-        backlog=1024,
-    )
-    await site.start()
     log.info("webhook serving on https://%s:%d (version %s)", config.host, config.port, __version__)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    app[STATE].stop.set()
-    await runner.cleanup()
-    return 0
+    return await serve_app(
+        app,
+        host=config.host,
+        port=config.port,
+        ssl_context=certs.ssl_context(),
+        on_stop=app[STATE].stop.set,
+    )
 
 
 def serve(config: WebhookConfig) -> int:
-    from sandman.logs import setup_json_logging
-
-    setup_json_logging()
-    return asyncio.run(_serve(config))
+    return run_main(lambda: _serve(config))
