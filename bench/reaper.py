@@ -32,8 +32,8 @@ from kubernetes.client import CoreV1Api
 from sandman.bench.report import percentile, table
 from sandman.cluster.config import KwokNodeShape
 from sandman.cluster.kwok_nodes import KWOK_IMAGE, KWOK_TOLERATION, kwok_node
-from sandman.contract import ANN_EXPIRES_AT, ANN_TTL, LABEL_SANDBOX, parse_time
-from sandman.kube import api_client, raw
+from sandman.contract import ANN_EXPIRES_AT, ANN_TTL, LABEL_SANDBOX
+from sandman.kube import api_client
 from sandman.testing import bench_bed, wait_for
 
 
@@ -138,46 +138,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         threading.Thread(target=watcher, daemon=True).start()
         time.sleep(0.5)
-        # Leases end uniformly over [start, start + window], start after creation.
-        create_s = args.sandboxes / 120 + 10  # measured ~120 creates/s through the webhook
-        start = time.time() + create_s
-        plan = [
-            (f"sb-{i}", nodes[i % len(nodes)], start + args.window * i / args.sandboxes)
-            for i in range(args.sandboxes)
-        ]
-        far = [(f"keep-{i}", nodes[i % len(nodes)]) for i in range(args.bystanders)]
-        plain = [(f"plain-{i}", nodes[i % len(nodes)]) for i in range(args.bystanders)]
-
-        def create(item: tuple[str, str, float]) -> None:
-            name, node, end = item
-            pod = raw(
-                core.create_namespaced_pod(
-                    ns,
-                    _pod(name, node, round(end - time.time()), True),
-                    _preload_content=False,
-                )
-            )
-            expires[name] = parse_time(pod["metadata"]["annotations"][ANN_EXPIRES_AT])
-
-        t0 = time.time()
-        with cf.ThreadPoolExecutor(args.concurrency) as pool:
-            list(pool.map(create, plan))
-            list(
-                pool.map(
-                    lambda it: core.create_namespaced_pod(ns, _pod(it[0], it[1], 6 * 3600, True)),
-                    far,
-                )
-            )
-            list(
-                pool.map(
-                    lambda it: core.create_namespaced_pod(ns, _pod(it[0], it[1], None, False)),
-                    plain,
-                )
-            )
-        created_in = time.time() - t0
+        # The reaper runs throughout, as in production. Sandboxes are created
+        # with a long lease; then, in deadline order, each lease is moved to its
+        # slot in [start, start + window]: patches outpace the deadlines, so no
+        # lease ends before the reaper could know it.
         port = _free_port()
-        # Started after creation: the reaper must catch up on any lease that
-        # ended meanwhile exactly like a restarted one (its informer relists).
         reaper = subprocess.Popen(
             [
                 sys.executable,
@@ -194,7 +159,52 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        last = max(e for _, _, e in plan)
+        names = [f"sb-{i}" for i in range(args.sandboxes)]
+        far = [(f"keep-{i}", nodes[i % len(nodes)]) for i in range(args.bystanders)]
+        plain = [(f"plain-{i}", nodes[i % len(nodes)]) for i in range(args.bystanders)]
+        t0 = time.time()
+        with cf.ThreadPoolExecutor(args.concurrency) as pool:
+            list(
+                pool.map(
+                    lambda i: core.create_namespaced_pod(
+                        ns, _pod(names[i], nodes[i % len(nodes)], 3600, True)
+                    ),
+                    range(args.sandboxes),
+                )
+            )
+            list(
+                pool.map(
+                    lambda it: core.create_namespaced_pod(ns, _pod(it[0], it[1], 6 * 3600, True)),
+                    far,
+                )
+            )
+            list(
+                pool.map(
+                    lambda it: core.create_namespaced_pod(ns, _pod(it[0], it[1], None, False)),
+                    plain,
+                )
+            )
+        created_in = time.time() - t0
+        start = time.time() + 20
+        plan = [(n, start + args.window * i / args.sandboxes) for i, n in enumerate(names)]
+
+        def set_lease(item: tuple[str, float]) -> None:
+            name, end = item
+            when = dt.datetime.fromtimestamp(int(end) + 1, dt.UTC)  # second precision
+            expires[name] = when
+            core.patch_namespaced_pod(
+                name,
+                ns,
+                {
+                    "metadata": {
+                        "annotations": {ANN_EXPIRES_AT: when.strftime("%Y-%m-%dT%H:%M:%SZ")}
+                    }
+                },
+            )
+
+        with cf.ThreadPoolExecutor(8) as pool:
+            list(pool.map(set_lease, plan))
+        last = max(e for _, e in plan)
         wait_for(
             lambda: len([n for n in list(gone_at) if n.startswith("sb-")]) >= args.sandboxes,
             timeout=max(60.0, last - time.time() + 120),
