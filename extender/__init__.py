@@ -1,1 +1,5 @@
 """kube-scheduler extender scoring nodes by image-cache presence."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
