@@ -13,6 +13,7 @@ BENCHMARKS = {
     "daemon": "sandman.bench.daemon",
     "webhook": "sandman.bench.webhook",
     "reaper": "sandman.bench.reaper",
+    "extender": "sandman.bench.extender",
     "realnode": "sandman.bench.realnode",
 }
 

@@ -8,6 +8,7 @@ import sys
 
 from sandman import __version__
 from sandman.cli import bench, cluster, demo, image, sandboxes
+from sandman.extender import cli as extender_cli
 from sandman.reaper import cli as reaper_cli
 from sandman.webhook import cli as webhook_cli
 
@@ -26,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     image.add_parser(sub)
     webhook_cli.add_parser(sub)
     reaper_cli.add_parser(sub)
+    extender_cli.add_parser(sub)
     bench.add_parser(sub)
     return parser
 

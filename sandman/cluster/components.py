@@ -179,6 +179,9 @@ def scheduler_config(
         "profiles": [{"schedulerName": name}],
     }
     if extenders:
+        # Score every feasible node: by default large clusters score only a
+        # sample, which may miss the one node that holds a multi-GB image.
+        doc["percentageOfNodesToScore"] = 100
         doc["extenders"] = [
             {
                 "urlPrefix": e.url_prefix,

@@ -73,6 +73,7 @@ class Ports:
     kwok: int = 20247
     webhook: int = 20443
     reaper: int = 20080
+    extender: int = 20890
 
     @classmethod
     def free(cls) -> Ports:

@@ -27,6 +27,8 @@ from sandman.cluster.components import Layout
 from sandman.cluster.config import ClusterConfig
 from sandman.cluster.process import ManagedProcess, wait_healthy, wait_until
 from sandman.contract import NAMESPACE
+from sandman.extender.local import ready_url as extender_ready_url
+from sandman.extender.local import serve_argv as extender_argv
 from sandman.kube import api_client
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -107,6 +109,14 @@ class LocalDeployment:
             f"--work-dir={self.layout.state_dir / 'webhook'}",
         ]
         procs = [ManagedProcess("sandman-webhook", tuple(argv), self.layout.run, self.layout.logs)]
+        procs.append(
+            ManagedProcess(
+                "sandman-extender",
+                tuple(extender_argv(self.config.ports.extender, self.layout.admin_kubeconfig)),
+                self.layout.run,
+                self.layout.logs,
+            )
+        )
         if self.config.deploy_reaper:
             reaper = [
                 sys.executable,
@@ -134,7 +144,16 @@ class LocalDeployment:
             with urllib.request.urlopen(url, timeout=2) as r:
                 return r.status == 200
 
-        return {"sandman-webhook": ready, "sandman-reaper": reaper_ready}
+        def extender_ready() -> bool:
+            url = extender_ready_url(self.config.ports.extender)
+            with urllib.request.urlopen(url, timeout=2) as r:
+                return r.status == 200
+
+        return {
+            "sandman-webhook": ready,
+            "sandman-reaper": reaper_ready,
+            "sandman-extender": extender_ready,
+        }
 
     def up(self) -> None:
         core = CoreV1Api(api_client(self.layout.admin_kubeconfig))
@@ -156,7 +175,9 @@ class LocalDeployment:
             progress=self.progress,
         )
         self._register(webhook)
-        # The reaper after the webhook: the cluster key it reads is the webhook's.
+        # The reaper after the webhook (the cluster key it reads is the
+        # webhook's); the extender any time (sandman-scheduler ignores it
+        # while it is down).
         for proc in others:
             proc.start()
             wait_healthy(

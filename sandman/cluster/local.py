@@ -137,7 +137,9 @@ class LocalCluster:
         # Injected sandboxes ask for sandman-scheduler: it runs whenever Sandman is
         # deployed (with the extender once one is configured).
         if cfg.sandman_scheduler or cfg.deploy_sandman:
-            specs.append((comp.SANDMAN_SCHEDULER, cfg.ports.sandman_scheduler, cfg.extenders))
+            specs.append(
+                (comp.SANDMAN_SCHEDULER, cfg.ports.sandman_scheduler, self.sandman_extenders())
+            )
         for name, port, _extenders in specs:
             conf = lay.config_dir / f"{name}.yaml"
             proc_name = "kube-scheduler" if name == "default-scheduler" else name
@@ -183,6 +185,14 @@ class LocalCluster:
             *(p for p, _ in self._schedulers()),
             self._proc("kwok", comp.kwok_argv(cfg, bins, lay), env=kwok_env),
         ]
+
+    def sandman_extenders(self) -> tuple[comp.ExtenderSpec, ...]:
+        """sandman-scheduler's extenders: configured ones, else ours when deployed."""
+        if self.config.extenders or not self.config.deploy_sandman:
+            return self.config.extenders
+        from sandman.extender.local import extender_spec
+
+        return (extender_spec(self.config.ports.extender),)
 
     @property
     def real_node(self) -> RealNode | None:
@@ -275,7 +285,7 @@ class LocalCluster:
             )
         for proc, _ in self._schedulers():
             name = "default-scheduler" if proc.name == "kube-scheduler" else proc.name
-            extenders = self.config.extenders if name == comp.SANDMAN_SCHEDULER else ()
+            extenders = self.sandman_extenders() if name == comp.SANDMAN_SCHEDULER else ()
             comp.write_yaml(
                 lay.config_dir / f"{name}.yaml",
                 comp.scheduler_config(name, lay.kubeconfig("scheduler"), extenders),

@@ -60,5 +60,10 @@ def test_kustomization_passes_a_server_side_dry_run(cluster: LocalCluster, names
         "Deployment/sandman-reaper",
         "ClusterRole/sandman-reaper",
         "Role/sandman-reaper",
+        "Deployment/sandman-scheduler",
+        "ConfigMap/sandman-scheduler",
+        "ClusterRole/sandman-extender",
+        "Service/sandman-extender",
+        "ClusterRoleBinding/sandman-scheduler-as-kube-scheduler",
     }
     assert expected <= kinds, expected - kinds
