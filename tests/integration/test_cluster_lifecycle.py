@@ -52,9 +52,17 @@ def test_up_is_idempotent_and_down_leaves_nothing(tmp_path: Path) -> None:
         cluster.up()
         pids = {p.name: p.running_pid() for p in cluster.processes()}
         assert all(pids.values()), pids
-        # Only what this cluster runs: no second scheduler, no webhook.
-        unused = {cfg.ports.sandman_scheduler, cfg.ports.webhook}
-        assert {port for _, port in cfg.ports.items() if port not in unused} <= listening_ports()
+        # Only what this cluster runs: the control plane and kwok, nothing of Sandman's.
+        p = cfg.ports
+        control_plane = {
+            p.etcd_client,
+            p.etcd_peer,
+            p.apiserver,
+            p.controller_manager,
+            p.scheduler,
+            p.kwok,
+        }
+        assert control_plane <= listening_ports()
 
         cluster.up()  # again: nothing restarted
         assert {p.name: p.running_pid() for p in cluster.processes()} == pids
