@@ -219,6 +219,8 @@ async def terminate_children(reaper: ChildReaper, grace_s: float) -> None:
     reaper.reap()
 
 
+# The same as sandman.logs.JsonFormatter, on purpose: the frozen daemon carries
+# nothing of the sandman package but itself (daemon/freeze/README.md).
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         doc = {
