@@ -1,0 +1,337 @@
+"""Sizes warm pools to demand under one create budget (the pool manager).
+
+The manager is the only writer of its pools' ``spec.replicas``. What it last
+wrote is its expectation of how many pods each ReplicaSet will hold, so a
+stale watch cache can never make it create twice: it does not count pods to
+decide how many to add, it raises replicas by the tokens it was granted, and
+every write carries a ``test`` on the replicas it expects (someone scaling the
+pool by hand makes the write fail and the manager re-reads).
+
+Every pod a pool creates costs a token from one CreateLimiter shared with
+on-demand creates, which go first. A claim normally lets the ReplicaSet
+refill (a token is charged for it); when no token is free, or demand has
+fallen, the claim is followed by a scale-down so the refill waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sandman.contract import LABEL_POOL, REASON_POOL_FAILING, REASON_POOL_RECOVERED
+from sandman.events import EventRecorder, ObjectRef
+from sandman.informer import Informer
+from sandman.kube_async import (
+    JSON_PATCH,
+    PODS,
+    REPLICASETS,
+    ApiError,
+    KubeClient,
+    escape_pointer,
+    sleep_or,
+)
+from sandman.pools.claim import ClaimResult, claim
+from sandman.pools.health import FAILING, PoolHealth, pool_health
+from sandman.pools.limiter import CreateLimiter
+from sandman.pools.spec import ANN_POOL_STATUS, PoolSpec, replicaset_name
+
+log = logging.getLogger(__name__)
+PodHook = Callable[[str, dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class ManagerConfig:
+    create_rate: float = 20.0  # pod creates/s for pools and on-demand together
+    create_burst: int = 20
+    tick_s: float = 0.25  # reconcile at least this often (also woken by changes)
+    status_every_s: float = 5.0  # status annotation writes, per pool, at most this often
+
+
+@dataclass
+class ManagerStats:
+    pool_pods_created: int = 0  # pods of our pools first seen after we started
+    on_demand_created: int = 0
+    claims: int = 0
+    claim_conflicts: int = 0
+    refills_charged: int = 0  # claims the ReplicaSet refilled at once
+    refills_deferred: int = 0  # claims followed by a scale-down
+    scale_writes: int = 0
+    scale_conflicts: int = 0  # someone else changed replicas; re-read
+
+
+@dataclass
+class _Pool:
+    spec: PoolSpec
+    target: int
+    replicas: int  # last written (the expectation)
+    rs: dict[str, Any]
+    health: PoolHealth = field(default_factory=PoolHealth)
+    status_written: tuple[float, str] = (0.0, "")
+
+
+class PoolManager:
+    """Use as ``async with PoolManager(kube, ns) as pm``. Event-loop only."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        namespace: str,
+        config: ManagerConfig | None = None,
+        *,
+        on_pod: PodHook | None = None,
+        component: str = "sandman-pools",
+    ) -> None:
+        self.kube, self.namespace = kube, namespace
+        self.config = config or ManagerConfig()
+        self.limiter = CreateLimiter(self.config.create_rate, self.config.create_burst)
+        self.stats = ManagerStats()
+        self.events = EventRecorder(kube, component)
+        self._on_pod = on_pod
+        self._pools: dict[str, _Pool] = {}
+        self._seen: set[str] = set()
+        self._started_at = dt.datetime.now(dt.UTC).replace(microsecond=0)
+        self._informer = Informer(
+            kube, PODS, self._pod_event, namespace=namespace, label_selector=LABEL_POOL
+        )
+        self._wake = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- lifecycle -------------------------------------------------------------
+    async def __aenter__(self) -> PoolManager:
+        self._tasks = [
+            asyncio.create_task(self._informer.run(self._stop)),
+            asyncio.create_task(self.events.run(self._stop)),
+            asyncio.create_task(self._reconcile_loop()),
+        ]
+        await self._informer.synced.wait()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._wake.set()
+        self.limiter.close()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # -- pools -----------------------------------------------------------------
+    async def ensure(self, spec: PoolSpec) -> None:
+        """Create the pool's ReplicaSet (empty; the manager grows it) or adopt it."""
+        name = replicaset_name(spec.name)
+        try:
+            rs = await self.kube.create(REPLICASETS, spec.replicaset(replicas=0), self.namespace)
+        except ApiError as e:
+            if not e.conflict:
+                raise
+            rs = await self.kube.get(REPLICASETS, name, self.namespace)
+            have = rs["spec"]["template"]["spec"]["containers"][0]["image"]
+            if have != spec.image:
+                raise ValueError(
+                    f"pool {spec.name} exists with image {have}, not {spec.image}; "
+                    "delete it or use another pool name"
+                ) from None
+        self._pools[spec.name] = _Pool(spec, spec.size, int(rs["spec"]["replicas"]), rs)
+        self._refresh_health(spec.name)
+        self._wake.set()
+
+    def set_target(self, pool: str, idle: int) -> None:
+        """How many idle pods the pool should hold (its demand)."""
+        self._pools[pool].target = max(0, idle)
+        self._wake.set()
+
+    async def delete(self, pool: str) -> None:
+        """Delete the pool: its idle pods go with it; claimed pods are not its own."""
+        p = self._pools.pop(pool, None)
+        try:
+            await self.kube.delete(
+                REPLICASETS,
+                replicaset_name(pool),
+                self.namespace,
+                uid=p.rs["metadata"]["uid"] if p else None,
+                propagation_policy="Background",
+            )
+        except ApiError as e:
+            if not (e.not_found or e.conflict):
+                raise
+
+    def health(self, pool: str) -> PoolHealth:
+        return self._pools[pool].health
+
+    def pods(self, pool: str) -> list[dict[str, Any]]:
+        return [
+            p
+            for p in self._informer.store.values()
+            if p["metadata"].get("labels", {}).get(LABEL_POOL) == pool
+        ]
+
+    # -- claims and on-demand creates ------------------------------------------
+    async def claim(
+        self, pool: str, *, claimer: str, ttl: dt.timedelta, ready_only: bool = False
+    ) -> ClaimResult:
+        """Claim from the cache's candidates (raises NoIdlePod); then decide the refill."""
+        p = self._pools[pool]
+        res = await claim(
+            self.kube,
+            self.namespace,
+            pool,
+            claimer=claimer,
+            ttl=ttl,
+            candidates=self.pods(pool),
+            ready_only=ready_only,
+        )
+        self.stats.claims += 1
+        self.stats.claim_conflicts += res.conflicts
+        # The claimed pod already left the ReplicaSet, which will replace it
+        # unless replicas drop. Keep the refill only if it is wanted and paid.
+        if p.target >= p.replicas and self.limiter.try_refill():
+            self.stats.refills_charged += 1
+        else:
+            self.stats.refills_deferred += 1
+            await self._scale(pool, min(p.target, p.replicas - 1))
+        return res
+
+    async def create_pod(self, body: dict[str, Any], namespace: str | None = None) -> Any:
+        """Create a pod on demand: same budget as the pools, served first."""
+        await self.limiter.acquire()
+        pod = await self.kube.create(PODS, body, namespace or self.namespace)
+        self.stats.on_demand_created += 1
+        return pod
+
+    # -- the loop ---------------------------------------------------------------
+    async def _reconcile_loop(self) -> None:
+        turn = 0
+        while not self._stop.is_set():
+            await sleep_or(self._wake, self.config.tick_s)
+            self._wake.clear()
+            try:
+                await self._reconcile(turn)
+            except (ApiError, OSError, TimeoutError) as e:
+                log.warning("pool reconcile failed: %s", e)
+            turn += 1
+
+    async def _reconcile(self, turn: int) -> None:
+        names = list(self._pools)
+        if not names:
+            return
+        names = names[turn % len(names) :] + names[: turn % len(names)]  # fair start
+        grants = dict.fromkeys(names, 0)
+        for name in names:
+            p = self._pools[name]
+            if p.target < p.replicas:
+                await self._scale(name, p.target)
+        # Hand out tokens one pod per pool per pass, so one big pool cannot
+        # starve the others of the shared budget.
+        wanting = [n for n in names if self._wants(n)]
+        while wanting:
+            for name in list(wanting):
+                if not self.limiter.try_refill():
+                    wanting = []
+                    break
+                grants[name] += 1
+                p = self._pools[name]
+                if p.replicas + grants[name] >= p.target:
+                    wanting.remove(name)
+        for name, n in grants.items():
+            if n and name in self._pools:
+                await self._scale(name, self._pools[name].replicas + n)
+        now = time.monotonic()
+        for name in names:
+            if name in self._pools:
+                await self._publish_status(name, now)
+
+    def _wants(self, name: str) -> bool:
+        p = self._pools[name]
+        # A failing pool stays as it is: more pods would fail the same way.
+        return p.target > p.replicas and p.health.condition != FAILING
+
+    async def _scale(self, pool: str, replicas: int) -> bool:
+        p = self._pools.get(pool)
+        if p is None or replicas == p.replicas:
+            return True
+        patch = [
+            {"op": "test", "path": "/spec/replicas", "value": p.replicas},
+            {"op": "replace", "path": "/spec/replicas", "value": max(0, replicas)},
+        ]
+        self.stats.scale_writes += 1
+        try:
+            p.rs = await self.kube.patch(
+                REPLICASETS, replicaset_name(pool), patch, self.namespace, content_type=JSON_PATCH
+            )
+        except ApiError as e:
+            if e.status not in (409, 422):
+                raise
+            self.stats.scale_conflicts += 1
+            p.rs = await self.kube.get(REPLICASETS, replicaset_name(pool), self.namespace)
+            p.replicas = int(p.rs["spec"]["replicas"])
+            return False
+        p.replicas = int(p.rs["spec"]["replicas"])
+        return True
+
+    # -- pods, health, status ---------------------------------------------------
+    def _pod_event(self, kind: str, pod: dict[str, Any]) -> None:
+        md = pod["metadata"]
+        pool = md.get("labels", {}).get(LABEL_POOL, "")
+        if kind == "ADDED" and md["uid"] not in self._seen:
+            self._seen.add(md["uid"])
+            if pool in self._pools and md.get("creationTimestamp", "") >= _ts(self._started_at):
+                self.stats.pool_pods_created += 1
+        if self._on_pod is not None:
+            self._on_pod(kind, pod)
+        if pool in self._pools:
+            self._refresh_health(pool)
+            self._wake.set()
+
+    def _refresh_health(self, pool: str) -> None:
+        p = self._pools[pool]
+        before = p.health.condition
+        p.health = pool_health(self.pods(pool))
+        after = p.health.condition
+        if after == FAILING and before != FAILING:
+            self.events.emit(
+                ObjectRef.of(p.rs, "ReplicaSet", "apps/v1"),
+                REASON_POOL_FAILING,
+                f"pool {pool}: {p.health.failing} pod(s) cannot start "
+                f"({', '.join(p.health.reasons)}): {p.health.message}; "
+                "the pool stops growing until one becomes Ready",
+                "Warning",
+            )
+        elif before == FAILING and after != FAILING:
+            self.events.emit(
+                ObjectRef.of(p.rs, "ReplicaSet", "apps/v1"),
+                REASON_POOL_RECOVERED,
+                f"pool {pool}: pods start again ({p.health.ready} ready)",
+            )
+
+    async def _publish_status(self, pool: str, now: float) -> None:
+        """The pool's health as an annotation on its ReplicaSet (no CRD, so no status)."""
+        p = self._pools[pool]
+        doc = json.dumps(
+            {**p.health.to_json(), "target": p.target, "replicas": p.replicas}, sort_keys=True
+        )
+        last_t, last_doc = p.status_written
+        if doc == last_doc or now - last_t < self.config.status_every_s:
+            return
+        patch = [
+            {
+                "op": "add",
+                "path": "/metadata/annotations/" + escape_pointer(ANN_POOL_STATUS),
+                "value": doc,
+            }
+        ]
+        try:
+            p.rs = await self.kube.patch(
+                REPLICASETS, replicaset_name(pool), patch, self.namespace, content_type=JSON_PATCH
+            )
+        except ApiError as e:
+            if not e.not_found:
+                raise
+        p.status_written = (now, doc)
+
+
+def _ts(t: dt.datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
