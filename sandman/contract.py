@@ -111,6 +111,8 @@ def labels(pod: dict[str, Any]) -> dict[str, str]:
 def is_token_hash(value: str) -> bool:
     return len(value) == 64 and all(c in "0123456789abcdef" for c in value)
 
+
 # Warm pools (Events on the pool's ReplicaSet).
 REASON_POOL_FAILING = "PoolFailing"  # its pods cannot start; the pool stops growing
 REASON_POOL_RECOVERED = "PoolRecovered"
+REASON_CLAIM_PROTECTED = "ClaimProtected"  # a pool controller was kept off a claimed pod

@@ -20,6 +20,7 @@ from sandman.contract import (
     ANN_EXPIRES_AT,
     LABEL_ID,
     LABEL_SANDBOX,
+    LABEL_STATE,
     NAMESPACE,
     ContractError,
     annotations,
@@ -33,6 +34,14 @@ from sandman.webhook.policy import Policy, RuleSet, Violation, check
 log = logging.getLogger("sandman.webhook")
 
 PROTECTED_NAMESPACES = frozenset({"kube-system", NAMESPACE})
+# The controllers that delete pool pods on their own (kube-controller-manager
+# with --use-service-account-credentials, as the local cluster runs it).
+POOL_CONTROLLERS = frozenset(
+    {
+        "system:serviceaccount:kube-system:replicaset-controller",
+        "system:serviceaccount:kube-system:generic-garbage-collector",
+    }
+)
 
 
 class WebhookError(Exception):
@@ -58,6 +67,7 @@ class Review:
     old: dict[str, Any] | None
     dry_run: bool
     kind: str
+    username: str = ""
 
 
 def parse_review(body: Any) -> Review:
@@ -80,6 +90,7 @@ def parse_review(body: Any) -> Review:
         old=req.get("oldObject"),
         dry_run=bool(req.get("dryRun")),
         kind=kind,
+        username=(req.get("userInfo") or {}).get("username", ""),
     )
 
 
@@ -163,6 +174,8 @@ def _denial(violations: list[Violation], rule: RuleSet) -> str:
 def decide_validation(ctx: Context, r: Review) -> Outcome:
     if r.kind != "Pod" or r.namespace in PROTECTED_NAMESPACES:
         return Outcome(True, result="skipped")
+    if r.operation == "DELETE":
+        return _validate_delete(r)
     rule = ctx.rule_for(r.namespace)
     if r.operation == "UPDATE" and r.old is not None:
         return _validate_update(ctx, r, rule)
@@ -250,6 +263,32 @@ def _validate_update(ctx: Context, r: Review, rule: RuleSet) -> Outcome:
             mode="enforce",
         )
     return _apply_mode(violations, rule)
+
+
+def _validate_delete(r: Review) -> Outcome:
+    """Keep pool controllers off pods that were claimed out of a warm pool.
+
+    A claim takes a pod out of its ReplicaSet atomically, but the ReplicaSet
+    controller (scaling the pool down) and the garbage collector (deleting the
+    pool) act on caches that may not have seen the claim yet, and would delete
+    a sandbox that is now someone's. Denied, they retry on a fresh cache and
+    pick an idle pod instead. Everyone else may delete a claimed pod.
+    """
+    old = r.old or {}
+    if labels(old).get(LABEL_STATE) != "claimed" or r.username not in POOL_CONTROLLERS:
+        return Outcome(True, result="skipped")
+    name = f"{r.namespace}/{(old.get('metadata') or {}).get('name', '')}"
+    return Outcome(
+        False,
+        message=(
+            f"sandman claims: pod {name} was claimed from its warm pool "
+            f"({LABEL_STATE}=claimed) and no longer belongs to it; {r.username} acted "
+            "on a stale cache and should pick another pod"
+        ),
+        result="denied",
+        rule_ids=["claimed-pod"],
+        mode="enforce",
+    )
 
 
 def describe(r: Review) -> str:

@@ -7,7 +7,7 @@ import base64
 import datetime as dt
 import json
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -166,11 +166,14 @@ class Sandbox:
         timeout_s: float = 300.0,
         unschedulable_grace: dt.timedelta = UNSCHEDULABLE_GRACE,
         wait: bool = True,
+        create_fn: Callable[[dict[str, Any], str], Awaitable[dict[str, Any]]] | None = None,
     ) -> Sandbox:
         """Create a labeled pod and (by default) wait until its daemon is Ready.
 
         Raises SandboxStartError(reason, retryable) as soon as the cause is
         known (the pod is deleted then, so nothing is left behind).
+        ``create_fn(body, namespace)`` replaces the plain API create, e.g. with
+        a pool manager's rate-limited one.
         """
         client.check_open()
         ns = namespace or client.namespace
@@ -191,7 +194,10 @@ class Sandbox:
         )
         requested = time.monotonic()
         try:
-            created = await client.kube.create(PODS, body, ns)
+            if create_fn is None:
+                created = await client.kube.create(PODS, body, ns)
+            else:
+                created = await create_fn(body, ns)
         except ApiError as e:
             raise startup.admission_error(e.status, e.body) from None
         sb = cls(client, created)

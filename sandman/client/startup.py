@@ -35,6 +35,10 @@ def verdict(
     name = (pod.get("metadata") or {}).get("name", "")
     st = pod.get("status") or {}
     phase = st.get("phase")
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        # Someone deleted it (a reaper, a scale-down, a user): not the image's
+        # fault, and a new pod may well start.
+        return E(E.DELETED, "the pod is being deleted", retryable=True, pod=name)
     if phase in ("Failed", "Succeeded"):
         return E(
             E.CRASHED,

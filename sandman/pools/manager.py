@@ -36,7 +36,7 @@ from sandman.kube_async import (
     escape_pointer,
     sleep_or,
 )
-from sandman.pools.claim import ClaimResult, claim
+from sandman.pools.claim import ClaimResult, NoIdlePod, claim
 from sandman.pools.health import FAILING, PoolHealth, pool_health
 from sandman.pools.limiter import CreateLimiter
 from sandman.pools.spec import ANN_POOL_STATUS, PoolSpec, replicaset_name
@@ -72,6 +72,7 @@ class _Pool:
     replicas: int  # last written (the expectation)
     rs: dict[str, Any]
     health: PoolHealth = field(default_factory=PoolHealth)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)  # a pod of it changed
     status_written: tuple[float, str] = (0.0, "")
 
 
@@ -117,6 +118,7 @@ class PoolManager:
         self._stop.set()
         self._wake.set()
         self.limiter.close()
+        self._tasks[0].cancel()  # the informer sits in a long watch; nothing to flush
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     # -- pools -----------------------------------------------------------------
@@ -171,23 +173,51 @@ class PoolManager:
 
     # -- claims and on-demand creates ------------------------------------------
     async def claim(
-        self, pool: str, *, claimer: str, ttl: dt.timedelta, ready_only: bool = False
+        self,
+        pool: str,
+        *,
+        claimer: str,
+        ttl: dt.timedelta,
+        ready_only: bool = False,
+        wait_s: float = 0.0,
     ) -> ClaimResult:
-        """Claim from the cache's candidates (raises NoIdlePod); then decide the refill."""
-        p = self._pools[pool]
-        res = await claim(
-            self.kube,
-            self.namespace,
-            pool,
-            claimer=claimer,
-            ttl=ttl,
-            candidates=self.pods(pool),
-            ready_only=ready_only,
-        )
+        """Claim from the cache's candidates, then decide the refill.
+
+        With ``wait_s``, a pool that is growing (replicas written, pods not
+        seen yet) is waited on that long before NoIdlePod: its next pod is as
+        far along as a new one would be, and creating both wastes one.
+        """
+        p = self._pools.get(pool)
+        if p is None:
+            raise NoIdlePod(f"pool {pool} is not (or no longer) managed here")
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                res = await claim(
+                    self.kube,
+                    self.namespace,
+                    pool,
+                    claimer=claimer,
+                    ttl=ttl,
+                    candidates=self.pods(pool),
+                    ready_only=ready_only,
+                )
+                break
+            except NoIdlePod:
+                left = deadline - time.monotonic()
+                if left <= 0 or p.replicas == 0 or pool not in self._pools:
+                    raise
+                p.changed.clear()
+                await sleep_or(p.changed, left)
         self.stats.claims += 1
+        if pool not in self._pools:  # deleted while we claimed: nothing to refill
+            return res
         self.stats.claim_conflicts += res.conflicts
-        # The claimed pod already left the ReplicaSet, which will replace it
-        # unless replicas drop. Keep the refill only if it is wanted and paid.
+        # The claim met one unit of the pool's demand (until the next
+        # set_target says otherwise). The claimed pod already left the
+        # ReplicaSet, which will replace it unless replicas drop: keep that
+        # refill only if it is still wanted and a token pays for it.
+        p.target = max(0, p.target - 1)
         if p.target >= p.replicas and self.limiter.try_refill():
             self.stats.refills_charged += 1
         else:
@@ -284,6 +314,7 @@ class PoolManager:
             self._on_pod(kind, pod)
         if pool in self._pools:
             self._refresh_health(pool)
+            self._pools[pool].changed.set()
             self._wake.set()
 
     def _refresh_health(self, pool: str) -> None:

@@ -259,3 +259,27 @@ def test_updates_keep_the_lease_within_policy_and_labels_in_place() -> None:
 def test_malformed_reviews_raise(body: dict[str, Any]) -> None:
     with pytest.raises(MalformedReview):
         parse_review(body)
+
+
+def test_pool_controllers_cannot_delete_a_claimed_pod_but_others_can() -> None:
+    claimed = sandbox()
+    claimed["metadata"]["labels"]["sandman.dev/state"] = "claimed"
+    idle = sandbox()
+    idle["metadata"]["labels"]["sandman.dev/state"] = "idle"
+    c = ctx(parse_policy(POLICY), {})
+
+    def delete(old: dict[str, Any], user: str) -> Any:
+        body = review({}, op="DELETE", old=old)
+        body["request"]["object"] = None
+        body["request"]["userInfo"] = {"username": user}
+        return decide_validation(c, parse_review(body))
+
+    rs = "system:serviceaccount:kube-system:replicaset-controller"
+    gc = "system:serviceaccount:kube-system:generic-garbage-collector"
+    for user in (rs, gc):
+        out = delete(claimed, user)
+        assert not out.allowed and out.rule_ids == ["claimed-pod"]
+        assert "stale cache" in out.message and user in out.message
+        assert delete(idle, user).allowed  # scaling a pool down is fine
+    assert delete(claimed, "alice").allowed  # the user (or the reaper) may release it
+    assert delete(claimed, "system:serviceaccount:sandman-system:sandman-reaper").allowed

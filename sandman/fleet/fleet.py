@@ -1,0 +1,460 @@
+"""Run an RL batch: problems x rollouts on sandboxes, under a concurrency cap.
+
+The clock starts before any pool is made, for every strategy, so a strategy
+that warms early pays for it in the same wall time it is judged by. A result
+is either valid (the task ran: ``ok`` or ``task_failed``) or an
+infrastructure failure after retries; nothing is dropped and no
+infrastructure error ever turns into a zero reward.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sandman.client import Sandbox, SandmanClient, Timings
+from sandman.client.errors import (
+    DaemonError,
+    SandboxGone,
+    SandboxStartError,
+    SandmanError,
+    TransportError,
+)
+from sandman.contract import LABEL_STATE, parse_duration
+from sandman.fleet import strategies
+from sandman.fleet.records import Attempt, Outcome, RolloutRecord, RunData, Source
+from sandman.fleet.reuse import ProblemState
+from sandman.fleet.spans import SpanBook
+from sandman.kube_async import MERGE_PATCH, PODS, ApiError
+from sandman.pools import NoIdlePod, PoolSpec
+from sandman.pools.manager import ManagerConfig, PoolManager
+
+log = logging.getLogger(__name__)
+Task = Callable[[Sandbox, "Problem", int], Awaitable[float]]
+ResetFn = Callable[[Sandbox], Awaitable[Mapping[str, Any]]]
+STATE_QUARANTINED = "quarantined"
+# Start failures that every sandbox of the problem would hit: later rollouts
+# of the problem fail at once (reported, never dropped) instead of each
+# paying the same failed start.
+BROKEN_REASONS = frozenset(
+    {SandboxStartError.IMAGE_NOT_FOUND, SandboxStartError.POLICY_DENIED, SandboxStartError.INVALID}
+)
+
+
+@dataclass(frozen=True)
+class Problem:
+    id: str
+    image: str
+    data: Any = None  # handed to the task untouched
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    strategy: str = "none"
+    concurrency: int = 16
+    window: int = 4  # problems per window (sliding / pipelined)
+    reuse: bool = False
+    k: int = 2  # sandboxes per problem when reusing
+    max_reuses: int = 8  # rollouts one sandbox serves before it is rotated out
+    max_attempts: int = 3  # per rollout, for retryable infrastructure failures
+    ttl: str = "30m"  # lease of every sandbox the run holds
+    ready_timeout_s: float = 300.0
+    claim_wait_s: float = 2.0  # wait this long for a growing pool's next pod
+    keep_quarantined: bool = False  # leave drifted sandboxes (labeled) for a post-mortem
+    command: Sequence[str] | None = None
+    resources: Mapping[str, Any] | None = None
+    node_selector: Mapping[str, str] | None = None
+    tolerations: Sequence[Mapping[str, Any]] | None = None
+    pools: ManagerConfig = field(default_factory=ManagerConfig)
+
+    def __post_init__(self) -> None:
+        strategies.check(self.strategy, self.window)
+        if self.concurrency < 1 or self.k < 1 or self.max_reuses < 1 or self.max_attempts < 1:
+            raise ValueError("concurrency, k, max_reuses and max_attempts must be >= 1")
+
+
+def _infra(e: BaseException) -> tuple[str, bool] | None:
+    """(reason, retryable) if ``e`` is the infrastructure's fault, else None."""
+    if isinstance(e, SandboxStartError):
+        return e.reason, e.retryable
+    if isinstance(e, TransportError):
+        return "Unreachable", True
+    if isinstance(e, SandboxGone):
+        return "SandboxGone", True
+    if isinstance(e, DaemonError) and (e.status >= 500 or e.status == 401):
+        return f"Daemon{e.status}", True
+    if isinstance(e, ApiError):
+        return f"Api{e.status}", e.status >= 500 or e.status == 429
+    if isinstance(e, (OSError, TimeoutError)):
+        return type(e).__name__, True
+    return None
+
+
+class Fleet:
+    """One batch run. ``await Fleet(client, config).run(problems, rollouts, task)``."""
+
+    def __init__(
+        self, client: SandmanClient, config: FleetConfig, *, reset_fn: ResetFn | None = None
+    ) -> None:
+        self.client, self.config = client, config
+        self.reset_fn = reset_fn or (lambda sb: sb.reset())
+        self.run_id = secrets.token_hex(3)
+        self.ttl = parse_duration(config.ttl, field="ttl")
+
+    async def run(self, problems: Sequence[Problem], rollouts: int, task: Task) -> RunData:
+        cfg = self.config
+        t0 = time.monotonic()  # before any warming, for every strategy
+        self.t0, self.task, self.problems = t0, task, list(problems)
+        self.data = RunData(
+            cfg.strategy,
+            cfg.reuse,
+            len(problems),
+            rollouts,
+            cfg.concurrency,
+            params={"window": cfg.window, "k": cfg.k, "max_reuses": cfg.max_reuses},
+        )
+        self.spans = SpanBook(t0)
+        self.state = [ProblemState(i, rollouts, rollouts, rollouts) for i in range(len(problems))]
+        self.pools: dict[int, str] = {}
+        self.pool_problem: dict[str, str] = {}
+        self.changed = asyncio.Event()
+        self.replan = asyncio.Event()
+        self.plan_lock = asyncio.Lock()
+        self.pm = PoolManager(
+            self.client.kube,
+            self.client.namespace,
+            cfg.pools,
+            on_pod=lambda kind, pod: self.spans.pool_pod(kind, pod, self.pool_problem.get),
+        )
+        async with self.pm:
+            planner = asyncio.create_task(self._planner())
+            try:
+                await self._plan()
+                await self._dispatch(rollouts)
+            finally:
+                planner.cancel()
+                await asyncio.shield(self._cleanup())
+        c = self.data.counters
+        c.pods_created = self.pm.stats.pool_pods_created + self.pm.stats.on_demand_created
+        c.claims, c.claim_conflicts = self.pm.stats.claims, self.pm.stats.claim_conflicts
+        self.data.spans = list(self.spans.spans.values())
+        self.data.t_end = time.monotonic() - t0
+        return self.data
+
+    def _now(self) -> float:
+        return time.monotonic() - self.t0
+
+    # -- pools -------------------------------------------------------------------
+    async def _plan(self) -> None:
+        """Bring pools in line with the strategy's targets for where the run is now."""
+        async with self.plan_lock:  # the dispatcher and the planner both plan
+            await self._plan_locked()
+
+    async def _plan_locked(self) -> None:
+        cfg = self.config
+        remaining = [s.unserved if s.broken is None else 0 for s in self.state]
+        want = [s.want(cfg.reuse, cfg.k) for s in self.state]
+        targets = strategies.pool_targets(cfg.strategy, cfg.window, remaining, want=want)
+        for i, n in targets.items():
+            if i not in self.pools:
+                name = f"{self.run_id}-{i}"
+                self.pools[i] = name
+                self.pool_problem[name] = self.problems[i].id
+                await self.pm.ensure(self._pool_spec(name, self.problems[i], n))
+            self.pm.set_target(self.pools[i], n)
+        for i in [i for i in self.pools if i not in targets]:
+            await self.pm.delete(self.pools.pop(i))
+
+    def _pool_spec(self, name: str, problem: Problem, size: int) -> PoolSpec:
+        cfg = self.config
+        return PoolSpec(
+            name,
+            problem.image,
+            size=size,
+            command=cfg.command,
+            resources=cfg.resources,
+            ttl=cfg.ttl,
+            labels={"sandman.dev/run": self.run_id},
+            node_selector=cfg.node_selector,
+            tolerations=cfg.tolerations,
+        )
+
+    # -- dispatch ------------------------------------------------------------------
+    async def _dispatch(self, rollouts: int) -> None:
+        cfg = self.config
+        slots = asyncio.Semaphore(cfg.concurrency)
+        running: set[asyncio.Task[None]] = set()
+        next_rollout = [0] * len(self.state)
+        records = {}
+        for s in self.state:
+            for r in range(rollouts):
+                rec = RolloutRecord(self.problems[s.index].id, r, t_queued=self._now())
+                records[(s.index, r)] = rec
+                self.data.records.append(rec)
+        while any(s.undispatched for s in self.state):
+            await slots.acquire()
+            while (s := self._pick()) is None:
+                self.changed.clear()
+                await self._plan()
+                await self.changed.wait()
+            s.undispatched -= 1
+            r = next_rollout[s.index]
+            next_rollout[s.index] += 1
+            rec = records[(s.index, r)]
+            rec.t_slot = self._now()
+            stashed = s.idle.pop() if s.idle else None
+            reserved = cfg.reuse and stashed is None and s.broken is None
+            if reserved:
+                s.live += 1  # one of the problem's k, for the sandbox this rollout gets
+            await self._plan()
+            t = asyncio.create_task(self._rollout(s, r, rec, stashed, reserved))
+            running.add(t)
+            t.add_done_callback(lambda t: (running.discard(t), slots.release()))
+        await asyncio.gather(*running)
+
+    def _pick(self) -> ProblemState | None:
+        """The earliest problem that can start a rollout now (problem-major order)."""
+        for s in self.state:
+            if s.can_start(self.config.reuse, self.config.k):
+                return s
+        return None
+
+    def _changed(self) -> None:
+        self.changed.set()
+        self.replan.set()
+
+    async def _planner(self) -> None:
+        """Re-plan pools whenever rollouts move on (acquired, finished, failed)."""
+        while True:
+            await self.replan.wait()
+            self.replan.clear()
+            try:
+                await self._plan()
+            except (ApiError, OSError, TimeoutError) as e:
+                log.warning("pool planning failed (retrying at the next change): %s", e)
+
+    # -- one rollout ------------------------------------------------------------------
+    async def _rollout(
+        self,
+        s: ProblemState,
+        r: int,
+        rec: RolloutRecord,
+        stashed: Sandbox | None,
+        reserved: bool,
+    ) -> None:
+        cfg = self.config
+        problem = self.problems[s.index]
+        holds = reserved  # counted in s.live without a sandbox in hand yet
+        for attempt_no in range(cfg.max_attempts):
+            a = Attempt(t_requested=self._now())
+            rec.attempts.append(a)
+            if s.broken is not None:
+                if stashed is not None:
+                    await self._drop(s, stashed)
+                elif holds:
+                    s.live -= 1
+                a.error_reason, a.retryable = s.broken[0], False
+                rec.outcome, rec.detail = Outcome.INFRA_FAILED, f"not started: {s.broken[1]}"
+                s.unserved -= 1
+                return
+            sb: Sandbox | None = None
+            try:
+                if stashed is not None:
+                    sb, a.source, stashed = stashed, Source.REUSED, None
+                    sb.timings = Timings(requested=time.monotonic())
+                    s.unserved -= 1
+                else:
+                    sb, a.source = await self._acquire(s, problem)
+                holds = False  # s.live now counts the sandbox itself
+                a.sandbox, a.t_acquired = sb.name, self._now()
+                a.phases = {
+                    k: v
+                    for k, v in sb.timings.phases().items()
+                    if k not in ("ttfc_s", "first_command_s")
+                }
+                self._changed()
+                self.spans.served(sb.name)
+                try:
+                    rec.reward = float(await self.task(sb, problem, r))
+                    rec.outcome = Outcome.OK
+                except Exception as e:
+                    if _infra(e) is not None:
+                        s.unserved += 1
+                        raise
+                    rec.outcome, rec.detail = Outcome.TASK_FAILED, f"{type(e).__name__}: {e}"
+                a.t_done = self._now()
+                if sb.timings.first_result is not None:
+                    a.t_first_result = sb.timings.first_result - self.t0
+                await self._after(s, sb)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                why = _infra(e)
+                if why is None:
+                    raise
+                a.error_reason, a.retryable = why
+                a.t_done = self._now()
+                rec.detail = f"{why[0]}: {e}"
+                if sb is not None:
+                    await self._drop(s, sb)
+                elif holds:
+                    s.live -= 1
+                holds = False
+                if not a.retryable:
+                    if isinstance(e, SandboxStartError) and e.reason in BROKEN_REASONS:
+                        s.broken = (why[0], str(e))  # retrying will not make the image appear
+                    break
+                if attempt_no + 1 < cfg.max_attempts:
+                    self.data.counters.infra_retries += 1
+                    if cfg.reuse:
+                        s.live += 1
+                        holds = True
+                self._changed()
+        rec.outcome = Outcome.INFRA_FAILED
+        s.unserved -= 1
+        self._changed()
+
+    async def _acquire(self, s: ProblemState, problem: Problem) -> tuple[Sandbox, Source]:
+        """A warm pod from the problem's pool if it has one, else a new pod."""
+        cfg = self.config
+        pool = self.pools.get(s.index)
+        requested = time.monotonic()
+        if pool is not None:
+            try:
+                res = await self.pm.claim(
+                    pool, claimer=f"fleet-{self.run_id}", ttl=self.ttl, wait_s=cfg.claim_wait_s
+                )
+            except NoIdlePod:
+                pass
+            else:
+                self._served(s, -1)  # counted as soon as it is ours, not when Ready
+                sb = Sandbox(self.client, res.pod)
+                sb.timings = Timings(requested=requested, created=time.monotonic())
+                self.spans.claimed(sb.name)
+                if not res.ready:
+                    try:
+                        await sb.wait_ready(cfg.ready_timeout_s)
+                    except BaseException:
+                        self._served(s, +1)
+                        await self._release(sb)
+                        raise
+                self.spans.ready(sb.name)
+                return sb, Source.CLAIMED
+
+        made: list[str] = []
+
+        async def create(body: dict[str, Any], ns: str) -> dict[str, Any]:
+            pod = await self.pm.create_pod(body, ns)
+            made.append(pod["metadata"]["name"])
+            self._served(s, -1)
+            self.spans.created(made[0], problem.id, requested - self.t0)
+            return pod  # type: ignore[no-any-return]
+
+        try:
+            sb = await Sandbox.create(
+                self.client,
+                problem.image,
+                command=cfg.command,
+                resources=cfg.resources,
+                ttl=cfg.ttl,
+                labels={"sandman.dev/run": self.run_id},
+                node_selector=cfg.node_selector,
+                tolerations=cfg.tolerations,
+                timeout_s=cfg.ready_timeout_s,
+                create_fn=create,
+            )
+        except BaseException:
+            if made:  # Sandbox.create deleted the pod that failed to start
+                self.spans.released(made[0])
+                self._served(s, +1)
+            raise
+        sb.timings.requested = requested
+        self.spans.ready(sb.name)
+        return sb, Source.CREATED
+
+    def _served(self, s: ProblemState, delta: int) -> None:
+        """A rollout's demand met (-1) or back (+1): pool targets follow at once."""
+        s.unserved += delta
+        self._changed()
+
+    async def _after(self, s: ProblemState, sb: Sandbox) -> None:
+        """After a rollout: reset for the next one, rotate, or release."""
+        cfg = self.config
+        if not cfg.reuse:
+            await self._release(sb)
+            return
+        s.uses[sb.name] = s.uses.get(sb.name, 0) + 1
+        if s.unserved <= 0 or s.uses[sb.name] >= cfg.max_reuses:
+            if s.unserved > 0:
+                self.data.counters.rotations += 1
+            await self._drop(s, sb)
+            return
+        self.data.counters.resets += 1
+        try:
+            result = await self.reset_fn(sb)
+        except SandmanError as e:
+            log.warning("reset of %s failed (%s): replacing it", sb.name, e)
+            result = {"clean": False}
+        if result.get("clean"):
+            s.idle.append(sb)
+            self._changed()
+            return
+        self.data.counters.resets_dirty += 1
+        await self._quarantine(sb)
+        await self._drop(s, sb, quarantined=True)
+
+    async def _quarantine(self, sb: Sandbox) -> None:
+        if not self.config.keep_quarantined:
+            return
+        try:
+            await self.client.kube.patch(
+                PODS,
+                sb.name,
+                {"metadata": {"labels": {LABEL_STATE: STATE_QUARANTINED}}},
+                sb.namespace,
+                content_type=MERGE_PATCH,
+            )
+            sb.released = True  # left for inspection; its lease still ends it
+        except ApiError as e:
+            log.warning("could not label %s quarantined: %s", sb.name, e)
+
+    async def _drop(self, s: ProblemState, sb: Sandbox, *, quarantined: bool = False) -> None:
+        if self.config.reuse:
+            s.live -= 1
+        await self._release(sb, quarantined=quarantined)
+        self._changed()
+
+    async def _release(self, sb: Sandbox, *, quarantined: bool = False) -> None:
+        self.spans.released(sb.name, quarantined=quarantined)
+        try:
+            await sb.release()
+        except (ApiError, OSError, TimeoutError) as e:
+            log.warning("release of %s failed (%s); its lease will end it", sb.name, e)
+
+    async def _cleanup(self) -> None:
+        for i in list(self.pools):
+            try:
+                await self.pm.delete(self.pools.pop(i))
+            except (ApiError, OSError, TimeoutError) as e:
+                log.warning("pool cleanup: %s", e)
+        for s in self.state:
+            while s.idle:
+                await self._release(s.idle.pop())
+
+
+def run_fleet(
+    client: SandmanClient,
+    config: FleetConfig,
+    problems: Sequence[Problem],
+    rollouts: int,
+    task: Task,
+    *,
+    reset_fn: ResetFn | None = None,
+) -> Awaitable[RunData]:
+    return Fleet(client, config, reset_fn=reset_fn).run(problems, rollouts, task)
