@@ -86,22 +86,28 @@ def claim_patch(
 def rank(pods: Sequence[dict[str, Any]], rng: random.Random) -> list[dict[str, Any]]:
     """Claim order: Ready pods first (shuffled, so many claimers spread out
     instead of all racing for the first one), then pods still starting, oldest
-    first (closest to Ready). Pods that are terminating or can never start are
-    left alone."""
-    ready, starting = [], []
+    first (closest to Ready), then pods in trouble that may yet start (e.g. a
+    pull in back-off). Pods that are terminating or can never start are left
+    alone."""
+    ready, starting, troubled = [], [], []
     for p in pods:
         md = p.get("metadata") or {}
         if md.get("deletionTimestamp") or (md.get("labels") or {}).get(LABEL_STATE) != STATE_IDLE:
             continue
         if startup.ready(p):
             ready.append(p)
-        elif (
-            startup.verdict(p, waited=dt.timedelta(0), unschedulable_grace=dt.timedelta.max) is None
-        ):
+            continue
+        err = startup.verdict(p, waited=dt.timedelta(0), unschedulable_grace=dt.timedelta.max)
+        if err is None:
             starting.append(p)
+        elif err.retryable:
+            troubled.append(p)
     rng.shuffle(ready)
-    starting.sort(key=lambda p: p["metadata"].get("creationTimestamp", ""))
-    return ready + starting
+
+    def oldest_first(p: dict[str, Any]) -> str:
+        return str(p["metadata"].get("creationTimestamp", ""))
+
+    return ready + sorted(starting, key=oldest_first) + sorted(troubled, key=oldest_first)
 
 
 async def claim(

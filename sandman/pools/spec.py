@@ -30,7 +30,7 @@ def pool_selector(pool: str, state: str | None = STATE_IDLE) -> str:
 
 def check_name(pool: str) -> str:
     """Pool names end up in a label value and a ReplicaSet name (with a prefix)."""
-    if not _NAME.match(pool):
+    if not _NAME.fullmatch(pool):
         raise ValueError(
             f"pool name {pool!r} must be lower-case letters, digits and '-', "
             "start and end alphanumeric, at most 52 characters"
