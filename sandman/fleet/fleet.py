@@ -211,6 +211,7 @@ class Fleet:
             reserved = cfg.reuse and stashed is None and s.broken is None
             if reserved:
                 s.live += 1  # one of the problem's k, for the sandbox this rollout gets
+                s.acquiring += 1
             await self._plan()
             t = asyncio.create_task(self._rollout(s, r, rec, stashed, reserved))
             running.add(t)
@@ -258,6 +259,7 @@ class Fleet:
                     await self._drop(s, stashed)
                 elif holds:
                     s.live -= 1
+                    s.acquiring -= 1
                 a.error_reason, a.retryable = s.broken[0], False
                 rec.outcome, rec.detail = Outcome.INFRA_FAILED, f"not started: {s.broken[1]}"
                 s.unserved -= 1
@@ -305,6 +307,7 @@ class Fleet:
                     await self._drop(s, sb)
                 elif holds:
                     s.live -= 1
+                    s.acquiring -= 1
                 holds = False
                 if not a.retryable:
                     if isinstance(e, SandboxStartError) and e.reason in BROKEN_REASONS:
@@ -314,6 +317,7 @@ class Fleet:
                     self.data.counters.infra_retries += 1
                     if cfg.reuse:
                         s.live += 1
+                        s.acquiring += 1
                         holds = True
                 self._changed()
         rec.outcome = Outcome.INFRA_FAILED
@@ -381,6 +385,8 @@ class Fleet:
     def _served(self, s: ProblemState, delta: int) -> None:
         """A rollout's demand met (-1) or back (+1): pool targets follow at once."""
         s.unserved += delta
+        if self.config.reuse:
+            s.acquiring -= delta  # the reservation now has its pod (or has none again)
         self._changed()
 
     async def _after(self, s: ProblemState, sb: Sandbox) -> None:

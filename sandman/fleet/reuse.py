@@ -20,7 +20,8 @@ class ProblemState:
     rollouts: int
     undispatched: int  # rollouts not yet handed a slot
     unserved: int  # rollouts that will still need a sandbox (retries add back)
-    live: int = 0  # sandboxes held (idle + in use), reuse only
+    live: int = 0  # sandboxes held (idle + in use) or being acquired, reuse only
+    acquiring: int = 0  # of ``live``: reserved by a rollout, no pod yet
     idle: list[Sandbox] = field(default_factory=list)
     uses: dict[str, int] = field(default_factory=dict)  # rollouts served, by pod name
     broken: tuple[str, str] | None = None  # (reason, message) of a start error that will recur
@@ -36,4 +37,5 @@ class ProblemState:
             return 0
         if not reuse:
             return self.unserved
-        return max(0, min(k, self.unserved) - self.live)
+        held = self.live - self.acquiring
+        return max(0, min(k - held, self.unserved - len(self.idle)))

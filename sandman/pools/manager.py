@@ -205,7 +205,8 @@ class PoolManager:
                 break
             except NoIdlePod:
                 left = deadline - time.monotonic()
-                if left <= 0 or p.replicas == 0 or pool not in self._pools:
+                growing = p.replicas > 0 or p.target > 0
+                if left <= 0 or not growing or pool not in self._pools:
                     raise
                 p.changed.clear()
                 await sleep_or(p.changed, left)

@@ -198,8 +198,8 @@ def test_want_without_reuse_is_unserved():
         (8, 2, 2, 0),  # has k
         (8, 3, 2, 0),  # over k: never negative
         (1, 0, 2, 1),  # fewer rollouts left than k
-        (1, 1, 2, 0),
-        (3, 1, 4, 2),
+        (1, 1, 2, 1),  # the one held is busy; live < k, so the last rollout gets a new one
+        (3, 1, 4, 3),
         (0, 0, 2, 0),
     ],
 )
@@ -215,3 +215,13 @@ def test_broken_problem_wants_no_pool(reuse):
 def test_idle_sandboxes_do_not_change_want():
     # idle ones are counted in live already; want is about new sandboxes
     assert state(unserved=8, live=2, idle=[sandbox("a"), sandbox("b")]).want(True, k=3) == 1
+
+
+def test_a_reservation_still_waiting_for_its_pod_is_wanted():
+    # dispatched with a reservation (live counts it) but no pod yet: the pool
+    # must still offer one, or the rollout would have nothing to claim
+    s = state(unserved=3, live=1)
+    s.acquiring = 1
+    assert s.want(True, k=1) == 1
+    s.acquiring, s.unserved = 0, 2  # got its pod
+    assert s.want(True, k=1) == 0
