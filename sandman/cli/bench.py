@@ -15,6 +15,7 @@ BENCHMARKS = {
     "reaper": "sandman.bench.reaper",
     "extender": "sandman.bench.extender",
     "realnode": "sandman.bench.realnode",
+    "rollout": "sandman.bench.rollout",
 }
 
 

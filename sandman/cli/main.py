@@ -7,7 +7,7 @@ import logging
 import sys
 
 from sandman import __version__
-from sandman.cli import bench, cluster, demo, image, sandboxes
+from sandman.cli import bench, cluster, demo, image, pools, sandboxes
 from sandman.extender import cli as extender_cli
 from sandman.reaper import cli as reaper_cli
 from sandman.webhook import cli as webhook_cli
@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="cmd", required=True)
     sandboxes.add_parsers(sub)
+    pools.add_parsers(sub)
     cluster.add_parser(sub)
     demo.add_parser(sub)
     image.add_parser(sub)

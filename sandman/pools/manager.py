@@ -255,18 +255,18 @@ class PoolManager:
             p = self._pools[name]
             if p.target < p.replicas:
                 await self._scale(name, p.target)
-        # Hand out tokens one pod per pool per pass, so one big pool cannot
-        # starve the others of the shared budget.
+        # Each token goes to the wanting pool that holds the fewest pods, so
+        # one big pool cannot starve the others of the shared budget (ties go
+        # by the rotating order).
         wanting = [n for n in names if self._wants(n)]
         while wanting:
-            for name in list(wanting):
-                if not self.limiter.try_refill():
-                    wanting = []
-                    break
-                grants[name] += 1
-                p = self._pools[name]
-                if p.replicas + grants[name] >= p.target:
-                    wanting.remove(name)
+            name = min(wanting, key=lambda n: self._pools[n].replicas + grants[n])
+            if not self.limiter.try_refill():
+                break
+            grants[name] += 1
+            p = self._pools[name]
+            if p.replicas + grants[name] >= p.target:
+                wanting.remove(name)
         for name, n in grants.items():
             if n and name in self._pools:
                 await self._scale(name, self._pools[name].replicas + n)

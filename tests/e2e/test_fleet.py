@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -11,7 +14,9 @@ from sandman.cluster.local import LocalCluster
 from sandman.cluster.node import RealNode
 from sandman.fleet.fleet import Fleet, FleetConfig, Problem
 from sandman.fleet.records import Outcome, Source
-from sandman.kube_async import PODS, REPLICASETS
+from sandman.kube_async import EVENTS, PODS, REPLICASETS
+from sandman.pools import PoolSpec, replicaset_name
+from sandman.pools.manager import ManagerConfig, PoolManager
 
 REAL = {"sandman.dev/node-kind": "real"}
 
@@ -123,3 +128,55 @@ async def test_reuse_replaces_a_sandbox_with_unfixable_drift(
     pod = await sdk.kube.get(PODS, first.sandbox, sdk.namespace)
     assert pod["metadata"]["labels"]["sandman.dev/state"] == "quarantined"
     assert not pod["metadata"].get("deletionTimestamp")
+
+
+async def test_a_pool_whose_pods_cannot_start_is_visible_and_stops_growing(
+    sdk: SandmanClient, real_node: RealNode
+) -> None:
+    missing = f"{real_node.node.registry}/sandman/missing:never"
+    spec = PoolSpec("broken", missing, size=2, command=["sleep", "infinity"], node_selector=REAL)
+    cfg = ManagerConfig(tick_s=0.1, status_every_s=0.5)
+    async with PoolManager(sdk.kube, sdk.namespace, cfg) as pm:
+        await pm.ensure(spec)
+        deadline = time.monotonic() + 90
+        while pm.health("broken").condition != "Failing":
+            assert time.monotonic() < deadline, pm.health("broken")
+            await asyncio.sleep(0.2)
+        assert "ImageNotFound" in pm.health("broken").reasons
+        pm.set_target("broken", 10)  # more demand must not mean more doomed pods
+        await asyncio.sleep(2.0)
+        rs = await sdk.kube.get(REPLICASETS, replicaset_name("broken"), sdk.namespace)
+        assert rs["spec"]["replicas"] <= 2
+        status = json.loads(rs["metadata"]["annotations"]["sandman.dev/pool-status"])
+        assert status["condition"] == "Failing" and status["failing"] >= 1
+        events = (await sdk.kube.list(EVENTS, sdk.namespace))["items"]
+        failing = [e for e in events if e["reason"] == "PoolFailing"]
+        assert failing and failing[0]["involvedObject"]["kind"] == "ReplicaSet"
+        assert "ImageNotFound" in failing[0]["message"]
+
+
+async def test_a_missing_image_is_an_infrastructure_failure_never_a_reward(
+    sdk: SandmanClient, images: dict[str, str], real_node: RealNode
+) -> None:
+    missing = f"{real_node.node.registry}/sandman/missing:never"
+    problems = [Problem("good", images["tiny"]), Problem("gone", missing)]
+
+    async def task(sb: Sandbox, problem: Problem, rollout: int) -> float:
+        return 1.0 if (await sb.exec("true")).exit_code == 0 else 0.0
+
+    cfg = FleetConfig(
+        strategy="sliding",
+        window=2,
+        concurrency=4,
+        command=["sleep", "infinity"],
+        node_selector=REAL,
+    )
+    data = await Fleet(sdk, cfg).run(problems, 3, task)
+    assert len(data.records) == 6  # nothing dropped
+    by = {(r.problem, r.rollout): r for r in data.records}
+    assert all(by[("good", i)].outcome is Outcome.OK for i in range(3))
+    for i in range(3):
+        rec = by[("gone", i)]
+        assert rec.outcome is Outcome.INFRA_FAILED and rec.reward is None
+        assert rec.final and rec.final.error_reason == "ImageNotFound"
+        assert rec.final.retryable is False
