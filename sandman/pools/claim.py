@@ -145,8 +145,10 @@ async def claim(
             )
         except ApiError as e:
             # 422: a test op failed (someone else won); 404: the pod went away;
-            # 409: the apiserver gave up retrying under heavy contention.
-            if e.status in (404, 409, 422):
+            # 409: the apiserver gave up retrying under heavy contention;
+            # 403: policy refused the lease (the pod is too old for this ttl
+            # under the max lifetime): a younger pod may still do.
+            if e.status in (403, 404, 409, 422):
                 conflicts += 1
                 continue
             raise

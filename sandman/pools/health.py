@@ -26,12 +26,20 @@ class PoolHealth:
     starting: int = 0  # idle, on their way to Ready
     failing: int = 0  # idle pods that cannot start (reasons below)
     claimed: int = 0  # claimed pods still alive (they keep the pool label)
+    expired: int = 0  # idle pods that reached the policy's max lifetime (to recycle)
     condition: str = HEALTHY
     reasons: dict[str, int] = field(default_factory=dict)  # e.g. {"ImageNotFound": 3}
     message: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def is_expired(pod: dict[str, Any]) -> bool:
+    """An idle pod the kubelet ended at its activeDeadlineSeconds (the webhook
+    sets the policy's max lifetime): old age, not a pool that cannot start."""
+    st = pod.get("status") or {}
+    return st.get("phase") == "Failed" and st.get("reason") == "DeadlineExceeded"
 
 
 def pool_health(pods: list[dict[str, Any]]) -> PoolHealth:
@@ -47,6 +55,9 @@ def pool_health(pods: list[dict[str, Any]]) -> PoolHealth:
             h.claimed += 1
             continue
         if state != STATE_IDLE:
+            continue
+        if is_expired(pod):
+            h.expired += 1
             continue
         if startup.ready(pod):
             h.ready += 1

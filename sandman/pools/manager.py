@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandman.contract import LABEL_POOL, REASON_POOL_FAILING, REASON_POOL_RECOVERED
+from sandman.contract import LABEL_POOL, LABEL_STATE, REASON_POOL_FAILING, REASON_POOL_RECOVERED
 from sandman.events import EventRecorder, ObjectRef
 from sandman.informer import Informer
 from sandman.kube_async import (
@@ -37,9 +37,9 @@ from sandman.kube_async import (
     sleep_or,
 )
 from sandman.pools.claim import ClaimResult, NoIdlePod, claim
-from sandman.pools.health import FAILING, PoolHealth, pool_health
+from sandman.pools.health import FAILING, PoolHealth, is_expired, pool_health
 from sandman.pools.limiter import CreateLimiter
-from sandman.pools.spec import ANN_POOL_STATUS, PoolSpec, replicaset_name
+from sandman.pools.spec import ANN_POOL_STATUS, STATE_IDLE, PoolSpec, replicaset_name
 
 log = logging.getLogger(__name__)
 PodHook = Callable[[str, dict[str, Any]], None]
@@ -273,7 +273,26 @@ class PoolManager:
         now = time.monotonic()
         for name in names:
             if name in self._pools:
+                await self._recycle_expired(name)
                 await self._publish_status(name, now)
+
+    async def _recycle_expired(self, pool: str) -> None:
+        """Delete the pool's own idle pods that died of old age. The
+        ReplicaSet has replaced them already but leaves the Failed pods
+        behind; nobody else would clean them up."""
+        for pod in self.pods(pool):
+            md = pod["metadata"]
+            if md.get("deletionTimestamp") or not is_expired(pod):
+                continue
+            if md.get("labels", {}).get(LABEL_STATE) != STATE_IDLE:
+                continue
+            try:
+                await self.kube.delete(
+                    PODS, md["name"], self.namespace, uid=md["uid"], resource_version=None
+                )
+            except ApiError as e:
+                if not (e.not_found or e.conflict):
+                    raise
 
     def _wants(self, name: str) -> bool:
         p = self._pools[name]

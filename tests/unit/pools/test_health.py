@@ -168,7 +168,24 @@ def test_to_json_is_plain_data():
         "starting": 0,
         "failing": 1,
         "claimed": 0,
+        "expired": 0,
         "condition": FAILING,
         "reasons": {"ImageNotFound": 1},
         "message": h.message,
     }
+
+
+def test_idle_pods_ended_by_their_deadline_are_expired_not_failing() -> None:
+    from sandman.pools.health import is_expired
+
+    old = {
+        "metadata": {"name": "a", "labels": {"sandman.dev/state": "idle"}},
+        "status": {"phase": "Failed", "reason": "DeadlineExceeded"},
+    }
+    crashed = {
+        "metadata": {"name": "b", "labels": {"sandman.dev/state": "idle"}},
+        "status": {"phase": "Failed", "reason": "Error"},
+    }
+    assert is_expired(old) and not is_expired(crashed)
+    h = pool_health([old, crashed])
+    assert (h.expired, h.failing) == (1, 1)
