@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if tail:
         if not hasattr(args, "command"):
-            parser.error("`--` is only for `run` and `exec`")
+            parser.error("`--` is only for `run`, `exec` and `pool create`")
         args.command = tail
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
