@@ -11,14 +11,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from sandman import stats
+
 
 def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100); NaN for no values."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
+    """Nearest-rank percentile (q in 0..100); NaN for no values (JSON-friendly
+    tables print it as nan rather than failing)."""
+    v = stats.percentile(values, q)
+    return math.nan if v is None else v
 
 
 def table(title: str, rows: Sequence[tuple[str, Any]]) -> str:

@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 Task = Callable[[Sandbox, "Problem", int], Awaitable[float]]
 ResetFn = Callable[[Sandbox], Awaitable[Mapping[str, Any]]]
 STATE_QUARANTINED = "quarantined"
+LABEL_RUN = "sandman.dev/run"  # every pod of one fleet run
 # Start failures that every sandbox of the problem would hit: later rollouts
 # of the problem fail at once (reported, never dropped) instead of each
 # paying the same failed start.
@@ -170,19 +171,20 @@ class Fleet:
         for i in [i for i in self.pools if i not in targets]:
             await self.pm.delete(self.pools.pop(i))
 
-    def _pool_spec(self, name: str, problem: Problem, size: int) -> PoolSpec:
+    def _pod_options(self) -> dict[str, Any]:
+        """What every pod of the run gets, warm or on demand."""
         cfg = self.config
-        return PoolSpec(
-            name,
-            problem.image,
-            size=size,
-            command=cfg.command,
-            resources=cfg.resources,
-            ttl=cfg.ttl,
-            labels={"sandman.dev/run": self.run_id},
-            node_selector=cfg.node_selector,
-            tolerations=cfg.tolerations,
-        )
+        return {
+            "command": cfg.command,
+            "resources": cfg.resources,
+            "ttl": cfg.ttl,
+            "labels": {LABEL_RUN: self.run_id},
+            "node_selector": cfg.node_selector,
+            "tolerations": cfg.tolerations,
+        }
+
+    def _pool_spec(self, name: str, problem: Problem, size: int) -> PoolSpec:
+        return PoolSpec(name, problem.image, size=size, **self._pod_options())
 
     # -- dispatch ------------------------------------------------------------------
     async def _dispatch(self, rollouts: int) -> None:
@@ -364,12 +366,7 @@ class Fleet:
             sb = await Sandbox.create(
                 self.client,
                 problem.image,
-                command=cfg.command,
-                resources=cfg.resources,
-                ttl=cfg.ttl,
-                labels={"sandman.dev/run": self.run_id},
-                node_selector=cfg.node_selector,
-                tolerations=cfg.tolerations,
+                **self._pod_options(),
                 timeout_s=cfg.ready_timeout_s,
                 create_fn=create,
             )

@@ -24,18 +24,10 @@ from sandman.fleet.records import (
     SandboxSpan,
     Source,
 )
+from sandman.stats import percentile
 
 # A task failure is still a reward signal for the trainer; only infra failures waste a rollout.
 VALID_OUTCOMES = (Outcome.OK, Outcome.TASK_FAILED)
-
-
-def percentile(values: Sequence[float], p: float) -> float | None:
-    """Nearest-rank, so every reported number is one a rollout really saw."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = max(1, math.ceil(p / 100 * len(ordered)))
-    return ordered[rank - 1]
 
 
 def _ms_stats(seconds: Sequence[float], *, mean: bool = False) -> dict[str, Any]:
