@@ -28,6 +28,7 @@ LABEL_ID = PREFIX + "id"  # random sandbox id (the token is derived from it)
 ANN_EXPIRES_AT = PREFIX + "expires-at"  # RFC 3339; clients may move it later
 LABEL_POOL = PREFIX + "pool"
 LABEL_STATE = PREFIX + "state"  # warm pools: "idle" until claimed
+LABEL_CLAIM = PREFIX + "claim"  # "held" from the moment a pool pod is claimed
 
 SCHEDULER_NAME = "sandman-scheduler"
 DAEMON_PORT = 7878
@@ -115,4 +116,3 @@ def is_token_hash(value: str) -> bool:
 # Warm pools (Events on the pool's ReplicaSet).
 REASON_POOL_FAILING = "PoolFailing"  # its pods cannot start; the pool stops growing
 REASON_POOL_RECOVERED = "PoolRecovered"
-REASON_CLAIM_PROTECTED = "ClaimProtected"  # a pool controller was kept off a claimed pod

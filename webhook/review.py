@@ -18,6 +18,7 @@ from typing import Any
 
 from sandman.contract import (
     ANN_EXPIRES_AT,
+    LABEL_CLAIM,
     LABEL_ID,
     LABEL_SANDBOX,
     LABEL_STATE,
@@ -275,15 +276,16 @@ def _validate_delete(r: Review) -> Outcome:
     pick an idle pod instead. Everyone else may delete a claimed pod.
     """
     old = r.old or {}
-    if labels(old).get(LABEL_STATE) != "claimed" or r.username not in POOL_CONTROLLERS:
+    held = labels(old).get(LABEL_CLAIM) == "held" or labels(old).get(LABEL_STATE) == "claimed"
+    if not held or r.username not in POOL_CONTROLLERS:
         return Outcome(True, result="skipped")
     name = f"{r.namespace}/{(old.get('metadata') or {}).get('name', '')}"
     return Outcome(
         False,
         message=(
             f"sandman claims: pod {name} was claimed from its warm pool "
-            f"({LABEL_STATE}=claimed) and no longer belongs to it; {r.username} acted "
-            "on a stale cache and should pick another pod"
+            f"({LABEL_CLAIM}=held) and no longer belongs to it; {r.username} "
+            "should pick another pod"
         ),
         result="denied",
         rule_ids=["claimed-pod"],

@@ -18,7 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from sandman import tokens
-from sandman.contract import REASON_CLAIM_PROTECTED, REASON_INJECTED, REASON_POLICY_DENIED
+from sandman.contract import REASON_INJECTED, REASON_POLICY_DENIED
 from sandman.events import EventRecorder, ObjectRef
 from sandman.informer import Informer
 from sandman.kube_async import MUTATING_WEBHOOKS, NAMESPACES, VALIDATING_WEBHOOKS, KubeClient
@@ -180,8 +180,11 @@ def _record(st: WebhookState, r: Review, outcome: Outcome, endpoint: str) -> Non
             )
         else:
             ref = ObjectRef("Pod", r.namespace, md.get("name") or md.get("generateName", ""))
-        reason = REASON_CLAIM_PROTECTED if r.operation == "DELETE" else REASON_POLICY_DENIED
-        st.recorder.emit(ref, reason, outcome.message, "Warning")
+        if r.operation == "DELETE":
+            # Expected on every two-phase claim (the ReplicaSet's pick is the
+            # held pod): counted in metrics, not worth an Event each.
+            return
+        st.recorder.emit(ref, REASON_POLICY_DENIED, outcome.message, "Warning")
     elif outcome.result == "injected" and st.config.event_on_inject:
         ref = ObjectRef("Pod", r.namespace, md.get("name") or md.get("generateName", ""))
         st.recorder.emit(ref, REASON_INJECTED, f"daemon injected, sandbox id {outcome.sandbox_id}")

@@ -85,7 +85,12 @@ class RealNode:
     def health_checks(self) -> dict[str, Callable[[], bool]]:
         return {
             "registry": lambda: _http_ok(f"http://{self.node.registry}/v2/"),
-            "containerd": lambda: _socket_accepts(self.lay.containerd_socket),
+            # The socket accepts before the CRI plugin has initialised (slow
+            # with much state to load); a kubelet started then exits with
+            # "server is not initialized yet". Ready = answers a CRI call.
+            "containerd": lambda: (
+                _socket_accepts(self.lay.containerd_socket) and self._cri_answers()
+            ),
             "kubelet": lambda: _http_ok(
                 f"http://127.0.0.1:{self.node.kubelet_healthz_port}/healthz"
             ),
@@ -227,6 +232,10 @@ class RealNode:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:
             self.progress(f"warning: crictl rmp failed: {proc.stderr.strip()[-500:]}")
+
+    def _cri_answers(self) -> bool:
+        argv = rn.crictl_argv(self.binaries.crictl, self.lay, "version")
+        return subprocess.run(argv, capture_output=True, timeout=10).returncode == 0
 
     def crictl(self, *args: str) -> str:
         argv = rn.crictl_argv(self.binaries.crictl, self.lay, *args)

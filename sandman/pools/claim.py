@@ -19,11 +19,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from sandman.client import startup
-from sandman.contract import ANN_EXPIRES_AT, LABEL_STATE, format_time
+from sandman.contract import ANN_EXPIRES_AT, LABEL_CLAIM, LABEL_STATE, format_time
 from sandman.kube_async import JSON_PATCH, PODS, ApiError, KubeClient, escape_pointer, list_all
 from sandman.pools.spec import (
     ANN_CLAIMED_AT,
     ANN_CLAIMED_BY,
+    CLAIM_HELD,
+    DELETION_COST,
     STATE_CLAIMED,
     STATE_IDLE,
     pool_selector,
@@ -53,17 +55,21 @@ def _ann(key: str) -> str:
     return "/metadata/annotations/" + escape_pointer(key)
 
 
-def claim_patch(
+def hold_patch(
     pod: dict[str, Any], *, claimer: str, now: dt.datetime, ttl: dt.timedelta
 ) -> list[dict[str, Any]]:
+    """The claim itself: the pod is ours, but still in its pool (a two-phase
+    claim leaves the pool only after the pool was scaled down)."""
     md = pod["metadata"]
     ops: list[dict[str, Any]] = [
         {"op": "test", "path": "/metadata/uid", "value": md["uid"]},
         {"op": "test", "path": _label(LABEL_STATE), "value": STATE_IDLE},
         # null tests for absence (the apiserver's json-patch): never claim a
-        # pod the ReplicaSet is already deleting (e.g. after a scale-down).
+        # pod the ReplicaSet is already deleting (e.g. after a scale-down), or
+        # one that another claimer holds.
         {"op": "test", "path": "/metadata/deletionTimestamp", "value": None},
-        {"op": "replace", "path": _label(LABEL_STATE), "value": STATE_CLAIMED},
+        {"op": "test", "path": _label(LABEL_CLAIM), "value": None},
+        {"op": "add", "path": _label(LABEL_CLAIM), "value": CLAIM_HELD},
     ]
     if not md.get("annotations"):
         ops.append({"op": "add", "path": "/metadata/annotations", "value": {}})
@@ -71,6 +77,18 @@ def claim_patch(
         {"op": "add", "path": _ann(ANN_CLAIMED_BY), "value": claimer},
         {"op": "add", "path": _ann(ANN_CLAIMED_AT), "value": format_time(now)},
         {"op": "add", "path": _ann(ANN_EXPIRES_AT), "value": format_time(now + ttl)},
+    ]
+    return ops
+
+
+def leave_patch(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    """Out of the pool: out of the selector (the ReplicaSet refills unless it
+    was scaled down first) and no longer owned (deleting the pool cannot take
+    it along)."""
+    md = pod["metadata"]
+    ops: list[dict[str, Any]] = [
+        {"op": "test", "path": "/metadata/uid", "value": md["uid"]},
+        {"op": "replace", "path": _label(LABEL_STATE), "value": STATE_CLAIMED},
     ]
     refs = md.get("ownerReferences") or []
     if refs:
@@ -83,6 +101,21 @@ def claim_patch(
     return ops
 
 
+def claim_patch(
+    pod: dict[str, Any], *, claimer: str, now: dt.datetime, ttl: dt.timedelta
+) -> list[dict[str, Any]]:
+    """Hold and leave in one write (the usual claim)."""
+    leave = leave_patch(pod)[1:]  # the uid test is in the hold part already
+    return hold_patch(pod, claimer=claimer, now=now, ttl=ttl) + leave
+
+
+def cheapest_to_delete_patch() -> list[dict[str, Any]]:
+    """Make a held pod the ReplicaSet's first choice on a scale-down (among
+    Ready pods), so the scale-down picks it, is denied by the webhook (the pod
+    is held) and deletes nothing, instead of deleting a warm pod."""
+    return [{"op": "add", "path": _ann(DELETION_COST), "value": str(-(2**31) + 1)}]
+
+
 def rank(pods: Sequence[dict[str, Any]], rng: random.Random) -> list[dict[str, Any]]:
     """Claim order: Ready pods first (shuffled, so many claimers spread out
     instead of all racing for the first one), then pods still starting, oldest
@@ -92,7 +125,10 @@ def rank(pods: Sequence[dict[str, Any]], rng: random.Random) -> list[dict[str, A
     ready, starting, troubled = [], [], []
     for p in pods:
         md = p.get("metadata") or {}
-        if md.get("deletionTimestamp") or (md.get("labels") or {}).get(LABEL_STATE) != STATE_IDLE:
+        labels = md.get("labels") or {}
+        if md.get("deletionTimestamp") or labels.get(LABEL_STATE) != STATE_IDLE:
+            continue
+        if labels.get(LABEL_CLAIM):  # held by a claimer, on its way out
             continue
         if startup.ready(p):
             ready.append(p)
@@ -120,11 +156,13 @@ async def claim(
     candidates: Sequence[dict[str, Any]] | None = None,
     ready_only: bool = False,
     rng: random.Random | None = None,
+    leave: bool = True,
 ) -> ClaimResult:
     """Claim one idle pod of ``pool``; raise NoIdlePod if there is none to win.
 
     ``candidates`` (e.g. from an informer cache) saves the list call; a stale
-    cache is safe, it only costs lost races.
+    cache is safe, it only costs lost races. With ``leave=False`` the pod is
+    held but stays in its pool until ``leave_pool`` (a two-phase claim).
     """
     rng = rng or random.Random()
     if candidates is None:
@@ -139,7 +177,10 @@ async def claim(
             won = await kube.patch(
                 PODS,
                 pod["metadata"]["name"],
-                claim_patch(pod, claimer=claimer, now=now, ttl=ttl),
+                claim_patch(pod, claimer=claimer, now=now, ttl=ttl)
+                if leave
+                else hold_patch(pod, claimer=claimer, now=now, ttl=ttl)
+                + cheapest_to_delete_patch(),
                 namespace,
                 content_type=JSON_PATCH,
             )
@@ -156,4 +197,11 @@ async def claim(
     raise NoIdlePod(
         f"pool {pool}: no idle pod to claim"
         + (f" ({conflicts} lost to other claimers)" if conflicts else "")
+    )
+
+
+async def leave_pool(kube: KubeClient, namespace: str, pod: dict[str, Any]) -> dict[str, Any]:
+    """Second phase of a two-phase claim."""
+    return await kube.patch(  # type: ignore[no-any-return]
+        PODS, pod["metadata"]["name"], leave_patch(pod), namespace, content_type=JSON_PATCH
     )

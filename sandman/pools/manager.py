@@ -36,7 +36,7 @@ from sandman.kube_async import (
     escape_pointer,
     sleep_or,
 )
-from sandman.pools.claim import ClaimResult, NoIdlePod, claim
+from sandman.pools.claim import ClaimResult, NoIdlePod, claim, leave_pool
 from sandman.pools.health import FAILING, PoolHealth, is_expired, pool_health
 from sandman.pools.limiter import CreateLimiter
 from sandman.pools.spec import ANN_POOL_STATUS, STATE_IDLE, PoolSpec, replicaset_name
@@ -61,6 +61,7 @@ class ManagerStats:
     claim_conflicts: int = 0
     refills_charged: int = 0  # claims the ReplicaSet refilled at once
     refills_deferred: int = 0  # claims followed by a scale-down
+    refills_avoided: int = 0  # two-phase claims: scaled down before leaving the pool
     scale_writes: int = 0
     scale_conflicts: int = 0  # someone else changed replicas; re-read
 
@@ -192,6 +193,20 @@ class PoolManager:
             raise NoIdlePod(f"pool {pool} is not (or no longer) managed here")
         deadline = time.monotonic() + wait_s
         while True:
+            # The claim meets one unit of the pool's demand. If the pool has
+            # no use for a replacement, the claim is two-phase: hold the pod,
+            # scale the pool down (the ReplicaSet's pick is the held pod, which
+            # the webhook refuses to let it delete), then leave the pool: no
+            # refill is ever created. That needs every idle pod Ready, or the
+            # ReplicaSet would pick one still starting; then it is one write
+            # and the refill is cancelled by a scale-down after the fact (the
+            # ReplicaSet has often created the replacement by then).
+            two_phase = (
+                p.target - 1 < p.replicas
+                and p.health.starting == 0
+                and p.health.failing == 0
+                and not ready_only
+            )
             try:
                 res = await claim(
                     self.kube,
@@ -201,6 +216,7 @@ class PoolManager:
                     ttl=ttl,
                     candidates=self.pods(pool),
                     ready_only=ready_only,
+                    leave=not two_phase,
                 )
                 break
             except NoIdlePod:
@@ -211,14 +227,23 @@ class PoolManager:
                 p.changed.clear()
                 await sleep_or(p.changed, left)
         self.stats.claims += 1
-        if pool not in self._pools:  # deleted while we claimed: nothing to refill
-            return res
         self.stats.claim_conflicts += res.conflicts
-        # The claim met one unit of the pool's demand (until the next
-        # set_target says otherwise). The claimed pod already left the
-        # ReplicaSet, which will replace it unless replicas drop: keep that
-        # refill only if it is still wanted and a token pays for it.
-        p.target = max(0, p.target - 1)
+        managed = pool in self._pools  # it may have been deleted while we claimed
+        if managed:
+            p.target = max(0, p.target - 1)
+        if two_phase:
+            if managed:
+                self.stats.refills_avoided += 1
+                await self._scale(pool, min(p.target, p.replicas - 1))
+            try:
+                res.pod = await leave_pool(self.kube, self.namespace, res.pod)
+            except ApiError as e:
+                if e.not_found:  # deleted anyway (webhook down?): not ours to use
+                    raise NoIdlePod(f"pool {pool}: the held pod was deleted") from None
+                raise
+            return res
+        if not managed:
+            return res
         if p.target >= p.replicas and self.limiter.try_refill():
             self.stats.refills_charged += 1
         else:
@@ -313,6 +338,8 @@ class PoolManager:
                 REPLICASETS, replicaset_name(pool), patch, self.namespace, content_type=JSON_PATCH
             )
         except ApiError as e:
+            if e.not_found:  # the pool was deleted meanwhile
+                return False
             if e.status not in (409, 422):
                 raise
             self.stats.scale_conflicts += 1

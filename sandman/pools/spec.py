@@ -15,6 +15,10 @@ STATE_CLAIMED = "claimed"
 ANN_CLAIMED_BY = PREFIX + "claimed-by"
 ANN_CLAIMED_AT = PREFIX + "claimed-at"
 ANN_POOL_STATUS = PREFIX + "pool-status"  # JSON health summary, on the ReplicaSet
+# On a claimed pod from the moment it is claimed (before it leaves the pool,
+# in a two-phase claim): the webhook keeps pool controllers from deleting it.
+CLAIM_HELD = "held"
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 RS_PREFIX = "pool-"
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?$")
 

@@ -107,12 +107,14 @@ def patch_for(p: dict[str, Any], claimer: str = "me") -> list[dict[str, Any]]:
 # -- the patch ------------------------------------------------------------------
 def test_patch_guards_then_flips_state():
     ops = patch_for(pod(owners=OWNER, annotations={"a": "b"}))
-    assert ops[:4] == [
+    assert ops[:5] == [
         {"op": "test", "path": "/metadata/uid", "value": "uid-p-1"},
         {"op": "test", "path": STATE_PATH, "value": STATE_IDLE},
         {"op": "test", "path": "/metadata/deletionTimestamp", "value": None},
-        {"op": "replace", "path": STATE_PATH, "value": STATE_CLAIMED},
+        {"op": "test", "path": "/metadata/labels/sandman.dev~1claim", "value": None},
+        {"op": "add", "path": "/metadata/labels/sandman.dev~1claim", "value": "held"},
     ]
+    assert {"op": "replace", "path": STATE_PATH, "value": STATE_CLAIMED} in ops
     assert {"op": "add", "path": "/metadata/annotations", "value": {}} not in ops
     ann_ops = [op for op in ops if op["path"].startswith("/metadata/annotations/")]
     assert ann_ops == [

@@ -264,6 +264,8 @@ def test_malformed_reviews_raise(body: dict[str, Any]) -> None:
 def test_pool_controllers_cannot_delete_a_claimed_pod_but_others_can() -> None:
     claimed = sandbox()
     claimed["metadata"]["labels"]["sandman.dev/state"] = "claimed"
+    held = sandbox()  # first phase of a two-phase claim: still idle, but held
+    held["metadata"]["labels"].update({"sandman.dev/state": "idle", "sandman.dev/claim": "held"})
     idle = sandbox()
     idle["metadata"]["labels"]["sandman.dev/state"] = "idle"
     c = ctx(parse_policy(POLICY), {})
@@ -279,7 +281,8 @@ def test_pool_controllers_cannot_delete_a_claimed_pod_but_others_can() -> None:
     for user in (rs, gc):
         out = delete(claimed, user)
         assert not out.allowed and out.rule_ids == ["claimed-pod"]
-        assert "stale cache" in out.message and user in out.message
+        assert "sandman.dev/claim=held" in out.message and user in out.message
+        assert not delete(held, user).allowed
         assert delete(idle, user).allowed  # scaling a pool down is fine
     assert delete(claimed, "alice").allowed  # the user (or the reaper) may release it
     assert delete(claimed, "system:serviceaccount:sandman-system:sandman-reaper").allowed
