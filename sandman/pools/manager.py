@@ -165,6 +165,14 @@ class PoolManager:
     def health(self, pool: str) -> PoolHealth:
         return self._pools[pool].health
 
+    def _idle_seen(self, pool: str) -> int:
+        return sum(
+            1
+            for pod in self.pods(pool)
+            if pod["metadata"].get("labels", {}).get(LABEL_STATE) == STATE_IDLE
+            and not pod["metadata"].get("deletionTimestamp")
+        )
+
     def pods(self, pool: str) -> list[dict[str, Any]]:
         return [
             p
@@ -221,7 +229,11 @@ class PoolManager:
                 break
             except NoIdlePod:
                 left = deadline - time.monotonic()
-                growing = p.replicas > 0 or p.target > 0
+                # Worth waiting only for pods the ReplicaSet was told to make
+                # and that are not in the cache yet; a pool that is merely
+                # wanted (its growth waiting for tokens) would make the
+                # claimer wait out the whole budget for nothing.
+                growing = p.replicas > self._idle_seen(pool)
                 if left <= 0 or not growing or pool not in self._pools:
                     raise
                 p.changed.clear()
