@@ -124,10 +124,18 @@ class PoolManager:
 
     # -- pools -----------------------------------------------------------------
     async def ensure(self, spec: PoolSpec) -> None:
-        """Create the pool's ReplicaSet (empty; the manager grows it) or adopt it."""
+        """Create the pool's ReplicaSet (as large as the budget allows now; the
+        manager grows it) or adopt an existing one."""
         name = replicaset_name(spec.name)
+        # Start with what the budget allows right now, so that a claim made a
+        # moment later already finds pods on their way (the loop grows the rest).
+        first = 0
+        while first < spec.size and self.limiter.try_refill():
+            first += 1
         try:
-            rs = await self.kube.create(REPLICASETS, spec.replicaset(replicas=0), self.namespace)
+            rs = await self.kube.create(
+                REPLICASETS, spec.replicaset(replicas=first), self.namespace
+            )
         except ApiError as e:
             if not e.conflict:
                 raise
