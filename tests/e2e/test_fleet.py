@@ -86,8 +86,10 @@ async def test_each_strategy_completes_a_batch_with_correct_results(
     if strategy != "none":
         assert Source.CLAIMED in sources  # the pools were used
     if reuse:
-        assert Source.REUSED in sources and data.counters.resets >= 3
-        assert data.counters.pods_created < 9
+        assert Source.REUSED in sources and data.counters.resets == 6
+        # k=1: each problem's three rollouts ran on one sandbox (no drift here).
+        # pods_created may exceed 3: refills cancelled while a pool warms.
+        assert len({r.final.sandbox for r in data.records if r.final}) == 3
     assert data.counters.pods_created >= (3 if reuse else 9)
     assert await _leftovers(sdk, fleet.run_id) == []  # pools and sandboxes released
 
