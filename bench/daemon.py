@@ -14,7 +14,6 @@ import asyncio
 import hashlib
 import os
 import secrets
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from typing import Any
 import aiohttp
 
 from sandman.bench.report import percentile, table
+from sandman.testing import free_port
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -39,12 +39,6 @@ def add_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-node", action="store_true", help="skip the real-node comparison")
     p.add_argument("--kubectl-execs", type=int, default=20)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _daemon_argv(frozen: Path | None) -> list[str]:
@@ -111,7 +105,7 @@ async def file_throughput(url: str, token: str, size: int, reps: int, root: Path
 async def _local(args: argparse.Namespace, frozen: Path | None) -> dict[str, Any]:
     token = secrets.token_hex(16)
     digest = hashlib.sha256(token.encode()).hexdigest()
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory(prefix="sandman-bench-daemon-") as tmp:
         root = Path(tmp)

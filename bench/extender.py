@@ -77,7 +77,7 @@ from sandman.kube_async import (
     Resource,
     sleep_or,
 )
-from sandman.testing import bench_bed
+from sandman.testing import bench_bed, free_port
 
 GB = 10**9
 LEASES = Resource("coordination.k8s.io", "v1", "leases")
@@ -101,12 +101,6 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tracked-images", type=int, default=10_000)
     p.add_argument("--skip-latency", action="store_true")
     p.add_argument("--skip-placement", action="store_true")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # -- 1. latency ------------------------------------------------------------------
@@ -196,7 +190,7 @@ def _latencies(port: int, node_names: list[str], images: int, n: int) -> list[fl
 
 
 def latency_study(args: argparse.Namespace) -> dict[str, Any]:
-    port = _free_port()
+    port = free_port()
     proc = mp.get_context("spawn").Process(
         target=_serve_synthetic, args=(port, 5000, args.tracked_images, args.seed), daemon=True
     )
@@ -521,7 +515,7 @@ async def run_variant(
             tasks.append(asyncio.ensure_future(driver.heartbeats(nodes, stop)))
             extenders = ()
             if variant == "sandman":
-                port = _free_port()
+                port = free_port()
                 # Modeled time runs ~100x faster than real time: a node's list
                 # refutes an evicted image after 1 s, not the kubelet's 60.
                 ext = extender_process(
@@ -531,7 +525,7 @@ async def run_variant(
                 ext.start()
                 await _until(lambda: _http_ok(ready_url(port)), "the extender")
                 extenders = (extender_spec(port),)
-            sport = _free_port()
+            sport = free_port()
             sched = scheduler_process(
                 cluster.binaries.kube_scheduler,
                 cluster.layout.kubeconfig("scheduler"),

@@ -17,7 +17,6 @@ import concurrent.futures as cf
 import contextlib
 import datetime as dt
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -34,7 +33,7 @@ from sandman.cluster.config import KwokNodeShape
 from sandman.cluster.kwok_nodes import KWOK_IMAGE, KWOK_TOLERATION, kwok_node
 from sandman.contract import ANN_EXPIRES_AT, ANN_TTL, LABEL_SANDBOX
 from sandman.kube import api_client
-from sandman.testing import bench_bed, wait_for
+from sandman.testing import bench_bed, free_port, wait_for
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -64,12 +63,6 @@ def _pod(name: str, node: str, ttl_s: int | None, labeled: bool) -> dict[str, An
             "containers": [{"name": "c", "image": KWOK_IMAGE}],
         },
     }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _metrics(port: int) -> dict[str, float]:
@@ -142,7 +135,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # with a long lease; then, in deadline order, each lease is moved to its
         # slot in [start, start + window]: patches outpace the deadlines, so no
         # lease ends before the reaper could know it.
-        port = _free_port()
+        port = free_port()
         reaper = subprocess.Popen(
             [
                 sys.executable,

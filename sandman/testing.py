@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -125,6 +126,13 @@ def kubectl(cluster: LocalCluster, *args: str, timeout: float = 60, check: bool 
     if check and proc.returncode != 0:
         raise AssertionError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
     return proc.stdout
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now (for a server a test starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def wait_for(pred: Callable[[], T], *, timeout: float = 60.0, what: str = "condition") -> T:

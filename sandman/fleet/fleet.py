@@ -449,15 +449,3 @@ class Fleet:
         for s in self.state:
             while s.idle:
                 await self._release(s.idle.pop())
-
-
-def run_fleet(
-    client: SandmanClient,
-    config: FleetConfig,
-    problems: Sequence[Problem],
-    rollouts: int,
-    task: Task,
-    *,
-    reset_fn: ResetFn | None = None,
-) -> Awaitable[RunData]:
-    return Fleet(client, config, reset_fn=reset_fn).run(problems, rollouts, task)

@@ -24,7 +24,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandman.contract import LABEL_POOL, LABEL_STATE, REASON_POOL_FAILING, REASON_POOL_RECOVERED
+from sandman.contract import (
+    LABEL_POOL,
+    LABEL_STATE,
+    REASON_POOL_FAILING,
+    REASON_POOL_RECOVERED,
+    format_time,
+)
 from sandman.events import EventRecorder, ObjectRef
 from sandman.informer import Informer
 from sandman.kube_async import (
@@ -97,7 +103,10 @@ class PoolManager:
         self._on_pod = on_pod
         self._pools: dict[str, _Pool] = {}
         self._seen: set[str] = set()
-        self._started_at = dt.datetime.now(dt.UTC).replace(microsecond=0)
+        # Pods by pool, kept by the informer's handler: health and claims look
+        # at one pool on every pod event, not at every pool pod of the namespace.
+        self._by_pool: dict[str, dict[str, dict[str, Any]]] = {}
+        self._started = format_time(dt.datetime.now(dt.UTC))
         self._informer = Informer(
             kube, PODS, self._pod_event, namespace=namespace, label_selector=LABEL_POOL
         )
@@ -182,11 +191,7 @@ class PoolManager:
         )
 
     def pods(self, pool: str) -> list[dict[str, Any]]:
-        return [
-            p
-            for p in self._informer.store.values()
-            if p["metadata"].get("labels", {}).get(LABEL_POOL) == pool
-        ]
+        return list(self._by_pool.get(pool, {}).values())
 
     # -- claims and on-demand creates ------------------------------------------
     async def claim(
@@ -373,9 +378,14 @@ class PoolManager:
     def _pod_event(self, kind: str, pod: dict[str, Any]) -> None:
         md = pod["metadata"]
         pool = md.get("labels", {}).get(LABEL_POOL, "")
+        members = self._by_pool.setdefault(pool, {})
+        if kind == "DELETED":
+            members.pop(md["name"], None)
+        else:
+            members[md["name"]] = pod
         if kind == "ADDED" and md["uid"] not in self._seen:
             self._seen.add(md["uid"])
-            if pool in self._pools and md.get("creationTimestamp", "") >= _ts(self._started_at):
+            if pool in self._pools and md.get("creationTimestamp", "") >= self._started:
                 self.stats.pool_pods_created += 1
         if self._on_pod is not None:
             self._on_pod(kind, pod)
@@ -429,7 +439,3 @@ class PoolManager:
             if not e.not_found:
                 raise
         p.status_written = (now, doc)
-
-
-def _ts(t: dt.datetime) -> str:
-    return t.strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tarfile
 import time
@@ -32,6 +31,7 @@ from sandman.cluster.config import default_cache_dir
 from sandman.daemon import __version__ as DAEMON_VERSION
 from sandman.images.build import ImageBuilder
 from sandman.images.daemon_binary import ensure_daemon_binary
+from sandman.testing import free_port
 
 BUSYBOX = Path("/bin/busybox")  # Debian's busybox-static: needs no shared libc
 UNSHARE = shutil.which("unshare")
@@ -132,12 +132,6 @@ def _in_new_pid_ns(root: Path, *argv: str) -> list[str]:
     # (staticx reads /proc/self/exe); chroot is exec'd, so the daemon is PID 1.
     assert UNSHARE is not None and CHROOT is not None
     return [UNSHARE, "--pid", "--fork", f"--mount-proc={root}/proc", CHROOT, str(root), *argv]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _children(pid: int) -> list[int]:
@@ -243,7 +237,7 @@ def _extraction_dirs(d: Path) -> list[str]:
 def test_frozen_daemon_serves_as_pid1(
     rootfs: Path, daemon_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "sandmand.log"
     argv = _in_new_pid_ns(rootfs, "/.sandman/sandmand", "serve", "--listen", f"127.0.0.1:{port}")
     started = time.monotonic()

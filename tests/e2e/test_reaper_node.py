@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -21,20 +20,14 @@ from sandman.cluster.local import LocalCluster
 from sandman.cluster.node import RealNode
 from sandman.contract import ANN_IDLE_TIMEOUT, LABEL_ID, LABEL_SANDBOX
 from sandman.kube import raw
-from sandman.testing import wait_for, wait_ready
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from sandman.testing import free_port, wait_for, wait_ready
 
 
 @pytest.fixture
 def reaper(cluster: LocalCluster, namespace: str, real_node: RealNode) -> Iterator[None]:
     # The cluster key lives in sandman-system (the webhook created it); the
     # reaper needs it to derive daemon tokens for its idle polls.
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [
             sys.executable,

@@ -10,7 +10,6 @@ test's pods can land on them and these pods land nowhere else.
 from __future__ import annotations
 
 import json
-import socket
 import ssl
 import urllib.parse
 import urllib.request
@@ -32,17 +31,11 @@ from sandman.cluster.local import LocalCluster
 from sandman.cluster.process import ManagedProcess, wait_until
 from sandman.extender.local import extender_process, extender_spec, scheduler_process
 from sandman.kube import raw
-from sandman.testing import wait_for
+from sandman.testing import free_port, wait_for
 
 TEST_LABEL = "sandman.dev/extender-test"
 GB = 10**9
 DIGEST = "sha256:" + "5a" * 32
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _get(url: str, ctx: ssl.SSLContext | None = None) -> Any:
@@ -83,7 +76,7 @@ class Bed:
 def bed(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
     tid = uuid.uuid4().hex[:6]
     tmp: Path = tmp_path_factory.mktemp(f"extender-{tid}")
-    ext_port, sched_port = _free_port(), _free_port()
+    ext_port, sched_port = free_port(), free_port()
     extender = extender_process(
         ext_port, cluster.kubeconfig, tmp, name=f"extender-{tid}", extra=["--crowd-limit=4"]
     )

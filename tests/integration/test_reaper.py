@@ -11,7 +11,6 @@ import datetime as dt
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,13 +30,7 @@ from sandman.kube import raw
 from sandman.kube_async import PODS, KubeClient
 from sandman.reaper.controller import Reaper, ReaperOptions
 from sandman.reaper.metrics import ReaperMetrics
-from sandman.testing import wait_for
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from sandman.testing import free_port, wait_for
 
 
 @dataclass

@@ -11,7 +11,6 @@ import hashlib
 import http.client
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,14 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sandman.testing import free_port
+
 TOKEN = "test-token-0123456789"
 TOKEN_SHA256 = hashlib.sha256(TOKEN.encode()).hexdigest()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
