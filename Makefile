@@ -25,7 +25,7 @@ build-kube: venv
 # The in-sandbox daemon as one static executable (design section 3); the build
 # is cached in ~/.cache/sandman/daemon and redone only when daemon/ changes.
 daemon: venv
-	$(VENV)/bin/python -m sandman.images.daemon_binary --out dist/sandmand
+	$(VENV)/bin/python -m sandman.harness.images.daemon_binary --out dist/sandmand
 
 # A local cluster (real control plane + kwok nodes + a real node) with our images.
 up: venv

@@ -20,10 +20,10 @@ from kubernetes import watch
 from kubernetes.client import CoreV1Api
 
 from sandman.bench.report import percentile, table
-from sandman.cluster.config import ClusterConfig, Ports
-from sandman.cluster.kwok_nodes import KWOK_IMAGE, on_kwok
-from sandman.cluster.local import LocalCluster
-from sandman.kube import api_client
+from sandman.harness.cluster.config import ClusterConfig, Ports
+from sandman.harness.cluster.kwok_nodes import KWOK_IMAGE, on_kwok
+from sandman.harness.cluster.local import LocalCluster
+from sandman.harness.kube import api_client
 
 
 def add_args(p: argparse.ArgumentParser) -> None:

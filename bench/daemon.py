@@ -25,7 +25,7 @@ from typing import Any
 import aiohttp
 
 from sandman.bench.report import percentile, table
-from sandman.testing import free_port
+from sandman.harness.testing import free_port
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -158,8 +158,8 @@ async def _local(args: argparse.Namespace, frozen: Path | None) -> dict[str, Any
 def run(args: argparse.Namespace) -> dict[str, Any]:
     frozen = None
     if not args.python:
-        from sandman.cluster.config import default_cache_dir
-        from sandman.images.daemon_binary import ensure_daemon_binary
+        from sandman.harness.cluster.config import default_cache_dir
+        from sandman.harness.images.daemon_binary import ensure_daemon_binary
 
         frozen = ensure_daemon_binary(default_cache_dir(), lambda m: print(m, file=sys.stderr))
     results = asyncio.run(_local(args, frozen))

@@ -20,10 +20,10 @@ from kubernetes.client import CoreV1Api
 from sandman.bench.daemon import exec_latencies
 from sandman.bench.report import percentile
 from sandman.client import Sandbox, SandmanClient
-from sandman.cluster.kwok_nodes import NODE_KIND_LABEL
-from sandman.images.build import ImageBuilder
-from sandman.kube import api_client
-from sandman.testing import bench_bed
+from sandman.harness.cluster.kwok_nodes import NODE_KIND_LABEL
+from sandman.harness.images.build import ImageBuilder
+from sandman.harness.kube import api_client
+from sandman.harness.testing import bench_bed
 
 SDK_EXECS = 500
 

@@ -56,16 +56,17 @@ from pathlib import Path
 from typing import Any
 
 from sandman.bench.report import percentile, table
-from sandman.cluster.local import LocalCluster
 from sandman.extender.config import ExtenderConfig
 from sandman.extender.index import ImageIndex
-from sandman.extender.local import (
+from sandman.extender.observe import ContainerImage, ImageEntry, NodeReport, PodReport
+from sandman.harness.cluster.extender import (
     extender_process,
     extender_spec,
     ready_url,
     scheduler_process,
 )
-from sandman.extender.observe import ContainerImage, ImageEntry, NodeReport, PodReport
+from sandman.harness.cluster.local import LocalCluster
+from sandman.harness.testing import bench_bed, free_port
 from sandman.informer import Informer
 from sandman.kube_async import (
     MERGE_PATCH,
@@ -77,7 +78,6 @@ from sandman.kube_async import (
     Resource,
     sleep_or,
 )
-from sandman.testing import bench_bed, free_port
 
 GB = 10**9
 LEASES = Resource("coordination.k8s.io", "v1", "leases")

@@ -23,10 +23,10 @@ from kubernetes import watch
 from kubernetes.client import CoreV1Api
 
 from sandman.bench.report import percentile, table
-from sandman.cluster.node import RealNode
-from sandman.images.build import ImageBuilder
-from sandman.kube import api_client, raw
-from sandman.testing import bench_bed, real_pod, wait_for
+from sandman.harness.cluster.node import RealNode
+from sandman.harness.images.build import ImageBuilder
+from sandman.harness.kube import api_client, raw
+from sandman.harness.testing import bench_bed, real_pod, wait_for
 
 IMAGES = ("tiny", "swe")
 COMMAND = ["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]

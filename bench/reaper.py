@@ -29,11 +29,11 @@ from kubernetes import watch
 from kubernetes.client import CoreV1Api
 
 from sandman.bench.report import percentile, table
-from sandman.cluster.config import KwokNodeShape
-from sandman.cluster.kwok_nodes import KWOK_IMAGE, KWOK_TOLERATION, kwok_node
 from sandman.contract import ANN_EXPIRES_AT, ANN_TTL, LABEL_SANDBOX
-from sandman.kube import api_client
-from sandman.testing import bench_bed, free_port, wait_for
+from sandman.harness.cluster.config import KwokNodeShape
+from sandman.harness.cluster.kwok_nodes import KWOK_IMAGE, KWOK_TOLERATION, kwok_node
+from sandman.harness.kube import api_client
+from sandman.harness.testing import bench_bed, free_port, wait_for
 
 
 def add_args(p: argparse.ArgumentParser) -> None:

@@ -22,16 +22,16 @@ from typing import Any
 from sandman.bench.report import table
 from sandman.bench.task_images import build_task_images
 from sandman.client import Sandbox, SandmanClient
-from sandman.cluster.config import KwokNodeShape
-from sandman.cluster.kwok_nodes import KWOK_TOLERATION, kwok_node
 from sandman.fleet.fleet import Fleet, FleetConfig, Problem
 from sandman.fleet.plot import timeline_png
 from sandman.fleet.records import RunData
 from sandman.fleet.report import compare_text, summarize
 from sandman.fleet.strategies import STRATEGIES
+from sandman.harness.cluster.config import KwokNodeShape
+from sandman.harness.cluster.kwok_nodes import KWOK_TOLERATION, kwok_node
+from sandman.harness.testing import bench_bed
 from sandman.kube_async import NAMESPACES, NODES, ApiError
 from sandman.pools.manager import ManagerConfig
-from sandman.testing import bench_bed
 
 REAL = {"sandman.dev/node-kind": "real"}
 BENCH_LABEL = {"sandman.dev/bench": "rollout"}

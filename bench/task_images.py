@@ -11,10 +11,10 @@ import os
 import tempfile
 from pathlib import Path
 
-from sandman.cluster.config import ClusterConfig
-from sandman.images.build import ImageBuilder, recipe
-from sandman.images.oci import assemble, layer_from_dir
-from sandman.images.registry import Registry
+from sandman.harness.cluster.config import ClusterConfig
+from sandman.harness.images.build import ImageBuilder, recipe
+from sandman.harness.images.oci import assemble, layer_from_dir
+from sandman.harness.images.registry import Registry
 
 REPO = "sandman/task"
 

@@ -24,10 +24,10 @@ import aiohttp
 from kubernetes.client import CoreV1Api
 
 from sandman.bench.report import percentile, table
-from sandman.cluster.kwok_nodes import KWOK_IMAGE, on_kwok
 from sandman.contract import LABEL_SANDBOX
-from sandman.kube import api_client
-from sandman.testing import bench_bed
+from sandman.harness.cluster.kwok_nodes import KWOK_IMAGE, on_kwok
+from sandman.harness.kube import api_client
+from sandman.harness.testing import bench_bed
 
 
 def add_args(p: argparse.ArgumentParser) -> None:

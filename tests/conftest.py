@@ -18,11 +18,11 @@ import pytest
 from kubernetes.client import CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
-from sandman.cluster.local import LocalCluster
-from sandman.cluster.node import RealNode
-from sandman.images.build import ImageBuilder
-from sandman.kube import api_client
-from sandman.testing import ClusterBed, cluster_unavailable_reason, start_test_cluster
+from sandman.harness.cluster.local import LocalCluster
+from sandman.harness.cluster.node import RealNode
+from sandman.harness.images.build import ImageBuilder
+from sandman.harness.kube import api_client
+from sandman.harness.testing import ClusterBed, cluster_unavailable_reason, start_test_cluster
 
 TIERS = ("unit", "integration", "e2e")
 

@@ -1,40 +1,76 @@
-"""Entry point of `sandman` and `kubectl-sandman`."""
+"""Entry point of `sandman` and `kubectl-sandman`.
+
+Each command's module is imported only when that command runs: the harness,
+the benchmarks and the components pull in heavy dependencies (the official
+Kubernetes client, prometheus, cryptography) that `sandman exec` or
+`kubectl sandman claim` must not wait for.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 
 from sandman import __version__
-from sandman.cli import bench, cluster, demo, image, pools, sandboxes
-from sandman.extender import cli as extender_cli
-from sandman.reaper import cli as reaper_cli
-from sandman.webhook import cli as webhook_cli
+
+# command -> (module with add_parser(s)(sub), one-line help for `sandman --help`)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("sandman.cli.sandboxes", "create a sandbox from an image and print its pod name"),
+    "exec": ("sandman.cli.sandboxes", "run a command in a sandbox (exit code propagates)"),
+    "shell": ("sandman.cli.sandboxes", "an interactive shell in a sandbox"),
+    "cp": ("sandman.cli.sandboxes", "copy files to or from a sandbox"),
+    "ls": ("sandman.cli.sandboxes", "list sandboxes"),
+    "extend": ("sandman.cli.sandboxes", "extend a sandbox's lease"),
+    "release": ("sandman.cli.sandboxes", "release (delete) sandboxes"),
+    "token": ("sandman.cli.sandboxes", "print a sandbox's access token"),
+    "pool": ("sandman.cli.pools", "warm pools: create, ls, scale, delete"),
+    "claim": ("sandman.cli.pools", "claim a sandbox from a warm pool"),
+    "cluster": ("sandman.harness.cli.cluster", "the local cluster (dev harness)"),
+    "image": ("sandman.harness.cli.image", "build and push Sandman's images (no Docker needed)"),
+    "demo": ("sandman.harness.cli.demo", "run a demo batch of sandboxes on the local cluster"),
+    "bench": ("sandman.bench.cli", "run a benchmark (brings up the cluster it needs)"),
+    "webhook": ("sandman.webhook.cli", "the admission webhook (daemon injection and policy)"),
+    "reaper": ("sandman.reaper.cli", "reclaims sandboxes whose lease ended"),
+    "extender": ("sandman.extender.cli", "the scheduler extender (image-cache-aware placement)"),
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser with ``command`` fully registered and every other one as a stub."""
     parser = argparse.ArgumentParser(
         prog="sandman",
         description="Kubernetes-native sandboxes for agentic RL: clients just create labeled pods.",
     )
     parser.add_argument("--version", action="version", version=f"sandman {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    sandboxes.add_parsers(sub)
-    pools.add_parsers(sub)
-    cluster.add_parser(sub)
-    demo.add_parser(sub)
-    image.add_parser(sub)
-    webhook_cli.add_parser(sub)
-    reaper_cli.add_parser(sub)
-    extender_cli.add_parser(sub)
-    bench.add_parser(sub)
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    registered: set[str] = set()
+    if command in COMMANDS:
+        module = _import(COMMANDS[command][0])
+        before = set(sub.choices)
+        register = getattr(module, "add_parsers", None) or module.add_parser
+        register(sub)
+        registered = set(sub.choices) - before
+    for name, (_module, help_text) in COMMANDS.items():
+        if name not in registered:
+            sub.add_parser(name, help=help_text)
     return parser
 
 
+def _import(module: str):  # type: ignore[no-untyped-def]
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        extra = "dev" if ".harness." in module or ".bench." in module else "server"
+        raise SystemExit(
+            f"sandman: this command needs {e.name or 'a missing package'}; "
+            f"install it with: pip install 'sandman-k8s[{extra}]'"
+        ) from None
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     # `sandman run IMAGE -- CMD...` / `sandman exec POD -- CMD...`: what follows
     # `--` is the command, verbatim. Split it off here: argparse's own `--`
@@ -43,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     if "--" in argv:
         cut = argv.index("--")
         argv, tail = argv[:cut], argv[cut + 1 :]
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(command)
     args = parser.parse_args(argv)
     if tail:
         if not hasattr(args, "command"):
@@ -52,9 +90,13 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
+    if not hasattr(args, "func") and getattr(args, "sandbox_cmd", None) is None:
+        parser.parse_args([args.cmd, "--help"])
     try:
         if getattr(args, "sandbox_cmd", None) is not None:
-            return sandboxes.run_sandbox_command(args)
+            from sandman.cli.sandboxes import run_sandbox_command
+
+            return run_sandbox_command(args)
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130

@@ -27,11 +27,11 @@ from pathlib import Path
 
 import pytest
 
-from sandman.cluster.config import default_cache_dir
 from sandman.daemon import __version__ as DAEMON_VERSION
-from sandman.images.build import ImageBuilder
-from sandman.images.daemon_binary import ensure_daemon_binary
-from sandman.testing import free_port
+from sandman.harness.cluster.config import default_cache_dir
+from sandman.harness.images.build import ImageBuilder
+from sandman.harness.images.daemon_binary import ensure_daemon_binary
+from sandman.harness.testing import free_port
 
 BUSYBOX = Path("/bin/busybox")  # Debian's busybox-static: needs no shared libc
 UNSHARE = shutil.which("unshare")

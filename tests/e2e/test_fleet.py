@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator
 import pytest
 
 from sandman.client import Sandbox, SandmanClient
-from sandman.cluster.local import LocalCluster
-from sandman.cluster.node import RealNode
 from sandman.fleet.fleet import Fleet, FleetConfig, Problem
 from sandman.fleet.records import Outcome, Source
+from sandman.harness.cluster.local import LocalCluster
+from sandman.harness.cluster.node import RealNode
 from sandman.kube_async import EVENTS, PODS, REPLICASETS
 from sandman.pools import PoolSpec, replicaset_name
 from sandman.pools.manager import ManagerConfig, PoolManager

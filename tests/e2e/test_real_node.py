@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from kubernetes.client import CoreV1Api
 
-from sandman.cluster.local import LocalCluster
-from sandman.cluster.node import RealNode
-from sandman.kube import raw
-from sandman.testing import kubectl, real_pod, wait_for, wait_ready
+from sandman.harness.cluster.local import LocalCluster
+from sandman.harness.cluster.node import RealNode
+from sandman.harness.kube import raw
+from sandman.harness.testing import kubectl, real_pod, wait_for, wait_ready
 
 # Commands that print a marker (for `kubectl logs`) then do the image's job.
 COMMANDS = {

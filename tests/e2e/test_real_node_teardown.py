@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from kubernetes.client import CoreV1Api
 
-from sandman.cluster import hostsetup
-from sandman.cluster.node import RealNode
-from sandman.testing import ClusterBed, real_pod, wait_for, wait_ready
+from sandman.harness.cluster import hostsetup
+from sandman.harness.cluster.node import RealNode
+from sandman.harness.testing import ClusterBed, real_pod, wait_for, wait_ready
 
 
 def netns_names() -> set[str]:

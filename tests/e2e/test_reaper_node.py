@@ -16,11 +16,11 @@ from kubernetes.client import CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
 from sandman import tokens
-from sandman.cluster.local import LocalCluster
-from sandman.cluster.node import RealNode
 from sandman.contract import ANN_IDLE_TIMEOUT, LABEL_ID, LABEL_SANDBOX
-from sandman.kube import raw
-from sandman.testing import free_port, wait_for, wait_ready
+from sandman.harness.cluster.local import LocalCluster
+from sandman.harness.cluster.node import RealNode
+from sandman.harness.kube import raw
+from sandman.harness.testing import free_port, wait_for, wait_ready
 
 
 @pytest.fixture

@@ -12,10 +12,10 @@ import pytest
 from kubernetes.client import CoreV1Api
 
 from sandman import tokens
-from sandman.cluster.node import RealNode
 from sandman.contract import LABEL_ID, LABEL_SANDBOX
-from sandman.kube import raw
-from sandman.testing import wait_for, wait_ready
+from sandman.harness.cluster.node import RealNode
+from sandman.harness.kube import raw
+from sandman.harness.testing import wait_for, wait_ready
 
 
 def namespace_key(core: CoreV1Api, ns: str) -> bytes:

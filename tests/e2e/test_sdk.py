@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from sandman.client import Sandbox, SandboxStartError, SandmanClient
-from sandman.cluster.local import LocalCluster
-from sandman.cluster.node import RealNode
-from sandman.images.recipes import SWE_BUGGY_LINE, SWE_FIXED_LINE
+from sandman.harness.cluster.local import LocalCluster
+from sandman.harness.cluster.node import RealNode
+from sandman.harness.images.recipes import SWE_BUGGY_LINE, SWE_FIXED_LINE
 from sandman.kube_async import PODS, ApiError
 
 REAL = {"sandman.dev/node-kind": "real"}

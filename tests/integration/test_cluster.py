@@ -7,10 +7,10 @@ import subprocess
 
 from kubernetes.client import AppsV1Api, CoreV1Api
 
-from sandman.cluster.kwok_nodes import KWOK_IMAGE, KWOK_NODE_SELECTOR, is_ready, on_kwok
-from sandman.cluster.local import LocalCluster
-from sandman.kube import api_client, raw
-from sandman.testing import kubectl, wait_for
+from sandman.harness.cluster.kwok_nodes import KWOK_IMAGE, KWOK_NODE_SELECTOR, is_ready, on_kwok
+from sandman.harness.cluster.local import LocalCluster
+from sandman.harness.kube import api_client, raw
+from sandman.harness.testing import kubectl, wait_for
 
 
 def test_kubectl_lists_ready_kwok_nodes(cluster: LocalCluster) -> None:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from sandman.cluster.config import ClusterConfig, Ports
-from sandman.cluster.local import LocalCluster
-from sandman.testing import cluster_unavailable_reason
+from sandman.harness.cluster.config import ClusterConfig, Ports
+from sandman.harness.cluster.local import LocalCluster
+from sandman.harness.testing import cluster_unavailable_reason
 
 
 def listening_ports() -> set[int]:

@@ -24,14 +24,14 @@ import pytest
 from kubernetes.client import CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
-from sandman.cluster.components import KWOK_NODE_ANNOTATION
-from sandman.cluster.config import KwokNodeShape
-from sandman.cluster.kwok_nodes import KWOK_TOLERATION, kwok_node
-from sandman.cluster.local import LocalCluster
-from sandman.cluster.process import ManagedProcess, wait_until
-from sandman.extender.local import extender_process, extender_spec, scheduler_process
-from sandman.kube import raw
-from sandman.testing import free_port, wait_for
+from sandman.harness.cluster.components import KWOK_NODE_ANNOTATION
+from sandman.harness.cluster.config import KwokNodeShape
+from sandman.harness.cluster.extender import extender_process, extender_spec, scheduler_process
+from sandman.harness.cluster.kwok_nodes import KWOK_TOLERATION, kwok_node
+from sandman.harness.cluster.local import LocalCluster
+from sandman.harness.cluster.process import ManagedProcess, wait_until
+from sandman.harness.kube import raw
+from sandman.harness.testing import free_port, wait_for
 
 TEST_LABEL = "sandman.dev/extender-test"
 GB = 10**9

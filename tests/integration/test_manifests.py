@@ -12,8 +12,8 @@ import uuid
 
 import yaml
 
-from sandman.cluster.deploy import MANIFESTS
-from sandman.cluster.local import LocalCluster
+from sandman.harness.cluster.deploy import MANIFESTS
+from sandman.harness.cluster.local import LocalCluster
 
 CLUSTER_SCOPED = {
     "Namespace",

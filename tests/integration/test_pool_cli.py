@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 from kubernetes.client import CoreV1Api
 
-from sandman.cluster.components import KWOK_NODE_ANNOTATION
-from sandman.cluster.kwok_nodes import KWOK_IMAGE, NODE_KIND_LABEL
-from sandman.cluster.local import LocalCluster
 from sandman.contract import ANN_EXPIRES_AT, LABEL_STATE, parse_time
-from sandman.kube import raw
+from sandman.harness.cluster.components import KWOK_NODE_ANNOTATION
+from sandman.harness.cluster.kwok_nodes import KWOK_IMAGE, NODE_KIND_LABEL
+from sandman.harness.cluster.local import LocalCluster
+from sandman.harness.kube import raw
+from sandman.harness.testing import wait_for
 from sandman.pools.spec import ANN_CLAIMED_BY, pool_selector
-from sandman.testing import wait_for
 
 ON_KWOK = (
     f"--node-selector={NODE_KIND_LABEL}=kwok",

@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from sandman.client import startup
-from sandman.cluster.kwok_nodes import KWOK_IMAGE, KWOK_TOLERATION, NODE_KIND_LABEL
-from sandman.cluster.local import LocalCluster
+from sandman.harness.cluster.kwok_nodes import KWOK_IMAGE, KWOK_TOLERATION, NODE_KIND_LABEL
+from sandman.harness.cluster.local import LocalCluster
 from sandman.kube_async import JSON_PATCH, PODS, REPLICASETS, KubeClient
 from sandman.pools import NoIdlePod, PoolSpec, claim, pool_selector, replicaset_name
 from sandman.pools.manager import ManagerConfig, PoolManager

@@ -23,14 +23,14 @@ import pytest
 from kubernetes.client import CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
-from sandman.cluster.kwok_nodes import KWOK_IMAGE, on_kwok
-from sandman.cluster.local import LocalCluster
 from sandman.contract import ANN_EXPIRES_AT, ANN_TTL, LABEL_SANDBOX, format_time
-from sandman.kube import raw
+from sandman.harness.cluster.kwok_nodes import KWOK_IMAGE, on_kwok
+from sandman.harness.cluster.local import LocalCluster
+from sandman.harness.kube import raw
+from sandman.harness.testing import free_port, wait_for
 from sandman.kube_async import PODS, KubeClient
 from sandman.reaper.controller import Reaper, ReaperOptions
 from sandman.reaper.metrics import ReaperMetrics
-from sandman.testing import free_port, wait_for
 
 
 @dataclass

@@ -13,9 +13,6 @@ import yaml
 from kubernetes.client import AppsV1Api, CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
-from sandman.cluster.deploy import LocalDeployment
-from sandman.cluster.kwok_nodes import KWOK_IMAGE, on_kwok
-from sandman.cluster.local import LocalCluster
 from sandman.contract import (
     ANN_CONTAINER,
     ANN_EXPIRES_AT,
@@ -23,8 +20,11 @@ from sandman.contract import (
     LABEL_ID,
     LABEL_SANDBOX,
 )
-from sandman.kube import api_client, raw
-from sandman.testing import kubectl, wait_for
+from sandman.harness.cluster.deploy import LocalDeployment
+from sandman.harness.cluster.kwok_nodes import KWOK_IMAGE, on_kwok
+from sandman.harness.cluster.local import LocalCluster
+from sandman.harness.kube import api_client, raw
+from sandman.harness.testing import kubectl, wait_for
 
 SANDBOX = {LABEL_SANDBOX: "true"}
 

@@ -15,7 +15,7 @@ from aiohttp import web
 from cryptography import x509
 
 from sandman import tls
-from sandman.cluster.local import LocalCluster
+from sandman.harness.cluster.local import LocalCluster
 from sandman.kube_async import (
     MERGE_PATCH,
     MUTATING_WEBHOOKS,

@@ -18,9 +18,9 @@ from aiohttp import web
 from kubernetes.client import AdmissionregistrationV1Api, CoreV1Api
 
 from sandman import tls
-from sandman.cluster.kwok_nodes import KWOK_IMAGE, on_kwok
-from sandman.cluster.local import LocalCluster
-from sandman.kube import api_client, raw
+from sandman.harness.cluster.kwok_nodes import KWOK_IMAGE, on_kwok
+from sandman.harness.cluster.local import LocalCluster
+from sandman.harness.kube import api_client, raw
 
 
 def _serving_ctx(tmp: Path) -> tuple[ssl.SSLContext, bytes]:

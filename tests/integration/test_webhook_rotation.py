@@ -21,10 +21,10 @@ from aiohttp import web
 from kubernetes.client import AdmissionregistrationV1Api, CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
-from sandman.cluster.kwok_nodes import KWOK_IMAGE, on_kwok
-from sandman.cluster.local import LocalCluster
 from sandman.contract import LABEL_SANDBOX
-from sandman.kube import api_client
+from sandman.harness.cluster.kwok_nodes import KWOK_IMAGE, on_kwok
+from sandman.harness.cluster.local import LocalCluster
+from sandman.harness.kube import api_client
 from sandman.kube_async import MUTATING_WEBHOOKS, KubeClient
 from sandman.webhook.certs import CABUNDLE_SETTLE, CertManager
 from sandman.webhook.config import WebhookConfig

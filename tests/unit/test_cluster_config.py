@@ -9,9 +9,9 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from sandman import tls
-from sandman.cluster import components as comp
-from sandman.cluster.binaries import Binaries, _kube_ldflags, _output_name, binary_sets
-from sandman.cluster.config import (
+from sandman.harness.cluster import components as comp
+from sandman.harness.cluster.binaries import Binaries, _kube_ldflags, _output_name, binary_sets
+from sandman.harness.cluster.config import (
     KWOK_POD_CIDR,
     SERVICE_CIDR,
     ClusterConfig,
@@ -19,7 +19,7 @@ from sandman.cluster.config import (
     Ports,
     Versions,
 )
-from sandman.cluster.kwok_nodes import is_ready, kwok_node
+from sandman.harness.cluster.kwok_nodes import is_ready, kwok_node
 
 
 def test_config_round_trips_through_json(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sandman.cluster.process import ComponentFailed, ManagedProcess, wait_until
+from sandman.harness.cluster.process import ComponentFailed, ManagedProcess, wait_until
 
 
 def proc(tmp_path: Path, *argv: str, name: str = "p") -> ManagedProcess:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sandman.testing import free_port
+from sandman.harness.testing import free_port
 
 TOKEN = "test-token-0123456789"
 TOKEN_SHA256 = hashlib.sha256(TOKEN.encode()).hexdigest()

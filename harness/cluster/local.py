@@ -24,16 +24,26 @@ from pathlib import Path
 from kubernetes.client import CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
-from sandman.cluster import components as comp
-from sandman.cluster.binaries import Binaries, ensure_binaries
-from sandman.cluster.config import ClusterConfig
-from sandman.cluster.deploy import LocalDeployment
-from sandman.cluster.kwok_nodes import KWOK_NODE_SELECTOR, is_ready, kwok_node, kwok_node_name
-from sandman.cluster.node import RealNode
-from sandman.cluster.pki import write_kubeconfig
-from sandman.cluster.process import ComponentFailed, ManagedProcess, wait_healthy, wait_until
-from sandman.images.build import ImageBuilder, image_ref
-from sandman.kube import api_client, raw
+from sandman.harness.cluster import components as comp
+from sandman.harness.cluster.binaries import Binaries, ensure_binaries
+from sandman.harness.cluster.config import ClusterConfig
+from sandman.harness.cluster.deploy import LocalDeployment
+from sandman.harness.cluster.kwok_nodes import (
+    KWOK_NODE_SELECTOR,
+    is_ready,
+    kwok_node,
+    kwok_node_name,
+)
+from sandman.harness.cluster.node import RealNode
+from sandman.harness.cluster.pki import write_kubeconfig
+from sandman.harness.cluster.process import (
+    ComponentFailed,
+    ManagedProcess,
+    wait_healthy,
+    wait_until,
+)
+from sandman.harness.images.build import ImageBuilder, image_ref
+from sandman.harness.kube import api_client, raw
 
 Progress = Callable[[str], None]
 
@@ -190,7 +200,7 @@ class LocalCluster:
         """sandman-scheduler's extenders: configured ones, else ours when deployed."""
         if self.config.extenders or not self.config.deploy_sandman:
             return self.config.extenders
-        from sandman.extender.local import extender_spec
+        from sandman.harness.cluster.extender import extender_spec
 
         return (extender_spec(self.config.ports.extender),)
 

@@ -15,10 +15,10 @@ import sys
 import time
 
 from sandman.client import Sandbox, SandboxStartError, SandmanClient
-from sandman.cluster.config import default_state_dir
-from sandman.cluster.local import LocalCluster
-from sandman.images.build import ImageBuilder
-from sandman.images.recipes import SWE_BUGGY_LINE, SWE_FIXED_LINE
+from sandman.harness.cluster.config import default_state_dir
+from sandman.harness.cluster.local import LocalCluster
+from sandman.harness.images.build import ImageBuilder
+from sandman.harness.images.recipes import SWE_BUGGY_LINE, SWE_FIXED_LINE
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -22,17 +22,17 @@ from pathlib import Path
 
 from kubernetes.client import CoreV1Api
 
-from sandman.cluster import hostsetup
-from sandman.cluster import realnode as rn
-from sandman.cluster.binaries import Binaries
-from sandman.cluster.components import Layout, write_yaml
-from sandman.cluster.config import ClusterConfig
-from sandman.cluster.kwok_nodes import is_ready
-from sandman.cluster.pki import write_kubeconfig
-from sandman.cluster.process import ComponentFailed, ManagedProcess, wait_until
-from sandman.images.build import ImageBuilder
-from sandman.images.registry import Registry
-from sandman.kube import api_client, raw
+from sandman.harness.cluster import hostsetup
+from sandman.harness.cluster import realnode as rn
+from sandman.harness.cluster.binaries import Binaries
+from sandman.harness.cluster.components import Layout, write_yaml
+from sandman.harness.cluster.config import ClusterConfig
+from sandman.harness.cluster.kwok_nodes import is_ready
+from sandman.harness.cluster.pki import write_kubeconfig
+from sandman.harness.cluster.process import ComponentFailed, ManagedProcess, wait_until
+from sandman.harness.images.build import ImageBuilder
+from sandman.harness.images.registry import Registry
+from sandman.harness.kube import api_client, raw
 
 Progress = Callable[[str], None]
 

@@ -20,11 +20,11 @@ from typing import Any, TypeVar
 
 from kubernetes.client import CoreV1Api
 
-from sandman.cluster.config import ClusterConfig, Ports, RealNodeConfig, default_state_dir
-from sandman.cluster.hostsetup import bridge_exists, real_node_unsupported_reason
-from sandman.cluster.kwok_nodes import NODE_KIND_LABEL
-from sandman.cluster.local import LocalCluster
-from sandman.kube import raw
+from sandman.harness.cluster.config import ClusterConfig, Ports, RealNodeConfig, default_state_dir
+from sandman.harness.cluster.hostsetup import bridge_exists, real_node_unsupported_reason
+from sandman.harness.cluster.kwok_nodes import NODE_KIND_LABEL
+from sandman.harness.cluster.local import LocalCluster
+from sandman.harness.kube import raw
 
 # Point this at the state dir of a running cluster (e.g. the `make up` one) to
 # run tests against it instead of starting a private one.

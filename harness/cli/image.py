@@ -6,15 +6,15 @@ import argparse
 import sys
 import time
 
-from sandman.cluster.config import ClusterConfig
-from sandman.images.build import (
+from sandman.harness.cluster.config import ClusterConfig
+from sandman.harness.images.build import (
     DEFAULT_REGISTRY,
     IMAGE_NAMES,
     ImageBuilder,
     ImageBuildError,
     image_ref,
 )
-from sandman.images.registry import Registry, RegistryError
+from sandman.harness.images.registry import Registry, RegistryError
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -11,9 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandman.cluster.config import default_cache_dir
-from sandman.images import daemon_binary
-from sandman.images.oci import (
+from sandman.harness.cluster.config import default_cache_dir
+from sandman.harness.images import daemon_binary
+from sandman.harness.images.oci import (
     MEDIA_LAYER_GZIP,
     Blob,
     BlobStore,
@@ -23,8 +23,8 @@ from sandman.images.oci import (
     assemble,
     layer_from_dir,
 )
-from sandman.images.recipes import RECIPES, Recipe
-from sandman.images.registry import Registry
+from sandman.harness.images.recipes import RECIPES, Recipe
+from sandman.harness.images.registry import Registry
 
 DEFAULT_REGISTRY = "127.0.0.1:5000"
 DAEMON_IMAGE = "daemon"

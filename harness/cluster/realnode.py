@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sandman.cluster.config import ClusterConfig, RealNodeConfig
-from sandman.cluster.kwok_nodes import NODE_KIND_LABEL
+from sandman.harness.cluster.config import ClusterConfig, RealNodeConfig
+from sandman.harness.cluster.kwok_nodes import NODE_KIND_LABEL
 
 CNI_BIN_DIR = Path("/usr/lib/cni")  # Debian's containernetworking-plugins
 RUNC = Path("/usr/sbin/runc")
-PAUSE_IMAGE = "pause"  # recipe name in sandman.images
+PAUSE_IMAGE = "pause"  # recipe name in sandman.harness.images
 
 
 @dataclass(frozen=True)

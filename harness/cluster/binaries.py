@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandman.cluster.config import Versions
+from sandman.harness.cluster.config import Versions
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HACK_DIR = Path(os.environ.get("SANDMAN_HACK_DIR", REPO_ROOT / "hack"))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from sandman.cluster.components import scheduler_config
-from sandman.extender.local import extender_spec, scheduler_process, serve_argv
+from sandman.harness.cluster.components import scheduler_config
+from sandman.harness.cluster.extender import extender_spec, scheduler_process, serve_argv
 
 
 def test_scheduler_config_entry_for_the_extender() -> None:

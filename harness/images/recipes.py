@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandman.images.oci import ImageConfig
+from sandman.harness.images.oci import ImageConfig
 
 HERE = Path(__file__).resolve().parent
 BUSYBOX = Path("/bin/busybox")  # from Debian's busybox-static: no shared libc needed

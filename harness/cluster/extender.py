@@ -2,7 +2,7 @@
 
 The local cluster starts ``serve_argv(...)`` as a host process and puts
 ``extender_spec(...)`` into the sandman-scheduler's KubeSchedulerConfiguration
-(``sandman.cluster.components.scheduler_config``); the manifests do the same
+(``sandman.harness.cluster.components.scheduler_config``); the manifests do the same
 with a sidecar container (manifests/extender/).
 """
 
@@ -12,10 +12,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from sandman.cluster.components import scheduler_config, write_yaml
-from sandman.cluster.config import ExtenderSpec
-from sandman.cluster.process import ManagedProcess
 from sandman.extender.config import DEFAULT_HOST
+from sandman.harness.cluster.components import scheduler_config, write_yaml
+from sandman.harness.cluster.config import ExtenderSpec
+from sandman.harness.cluster.process import ManagedProcess
 
 # Our score (0..10) is multiplied by weight x 10 and added to the default
 # plugins' (each 0..100 times its weight). At 20, one of our levels is 200

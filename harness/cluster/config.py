@@ -125,7 +125,7 @@ class RealNodeConfig:
     """The one real node (kubelet + containerd) a cluster may have.
 
     Host-global resources (the bridge, ports 5000/10250, the cgroup root) make
-    it one real node per machine; see ``sandman.cluster.realnode``.
+    it one real node per machine; see ``sandman.harness.cluster.realnode``.
     """
 
     enabled: bool = False

@@ -12,7 +12,7 @@ import json
 import urllib.parse
 from dataclasses import dataclass
 
-from sandman.images.oci import Blob, BlobStore, Image
+from sandman.harness.images.oci import Blob, BlobStore, Image
 
 
 class RegistryError(RuntimeError):

@@ -23,13 +23,13 @@ import yaml
 from kubernetes.client import AdmissionregistrationV1Api, CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
-from sandman.cluster.components import Layout
-from sandman.cluster.config import ClusterConfig
-from sandman.cluster.process import ManagedProcess, wait_healthy, wait_until
 from sandman.contract import NAMESPACE
-from sandman.extender.local import ready_url as extender_ready_url
-from sandman.extender.local import serve_argv as extender_argv
-from sandman.kube import api_client
+from sandman.harness.cluster.components import Layout
+from sandman.harness.cluster.config import ClusterConfig
+from sandman.harness.cluster.extender import ready_url as extender_ready_url
+from sandman.harness.cluster.extender import serve_argv as extender_argv
+from sandman.harness.cluster.process import ManagedProcess, wait_healthy, wait_until
+from sandman.harness.kube import api_client
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO_ROOT / "manifests"

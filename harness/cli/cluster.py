@@ -8,12 +8,12 @@ import json
 import sys
 from pathlib import Path
 
-from sandman.cluster.binaries import BuildError, ensure_binaries
-from sandman.cluster.config import ClusterConfig, KwokNodeShape, Ports, default_state_dir
-from sandman.cluster.hostsetup import HostSetupError
-from sandman.cluster.local import LocalCluster
-from sandman.cluster.process import ComponentFailed
-from sandman.images.build import ImageBuildError
+from sandman.harness.cluster.binaries import BuildError, ensure_binaries
+from sandman.harness.cluster.config import ClusterConfig, KwokNodeShape, Ports, default_state_dir
+from sandman.harness.cluster.hostsetup import HostSetupError
+from sandman.harness.cluster.local import LocalCluster
+from sandman.harness.cluster.process import ComponentFailed
+from sandman.harness.images.build import ImageBuildError
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sandman.cluster.components import KWOK_NODE_ANNOTATION
-from sandman.cluster.config import KwokNodeShape
+from sandman.harness.cluster.components import KWOK_NODE_ANNOTATION
+from sandman.harness.cluster.config import KwokNodeShape
 
 KWOK_NODE_PREFIX = "kwok-node-"
 NODE_KIND_LABEL = "sandman.dev/node-kind"

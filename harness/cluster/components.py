@@ -12,9 +12,9 @@ from pathlib import Path
 
 import yaml
 
-from sandman.cluster.binaries import Binaries
-from sandman.cluster.config import KWOK_POD_CIDR, SERVICE_CIDR, ClusterConfig, ExtenderSpec
-from sandman.cluster.pki import Pki
+from sandman.harness.cluster.binaries import Binaries
+from sandman.harness.cluster.config import KWOK_POD_CIDR, SERVICE_CIDR, ClusterConfig, ExtenderSpec
+from sandman.harness.cluster.pki import Pki
 
 SANDMAN_SCHEDULER = "sandman-scheduler"
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"

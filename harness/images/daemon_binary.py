@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
-from sandman.cluster.config import default_cache_dir
+from sandman.harness.cluster.config import default_cache_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DAEMON_SRC = REPO_ROOT / "daemon"
@@ -69,7 +69,7 @@ BUILD_ATTEMPTS = 3
 # Hex digits of SHA-256 in cache names: 64 bits, ample for a handful of entries.
 KEY_CHARS = 16
 
-# Characters of build log quoted in an error; as sandman.cluster.binaries does.
+# Characters of build log quoted in an error; as sandman.harness.cluster.binaries does.
 LOG_TAIL_CHARS = 3000
 
 # Environment a build must not inherit: the caller's venv or PYTHONPATH would
@@ -229,7 +229,7 @@ def _stage_sources(src: Path) -> None:
 
 
 def _check_no_foreign_sandman_imports(warn_file: Path) -> None:
-    # A daemon module importing another component (sandman.kube, ...) would
+    # A daemon module importing another component (sandman.harness.kube, ...) would
     # only fail inside a sandbox; PyInstaller lists it as a missing module.
     if not warn_file.exists():
         return

@@ -1,0 +1,1 @@
+"""CLI commands of the harness: `sandman cluster`, `sandman image`, `sandman demo`."""
