@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from sandman.bench.report import percentile, table
+from sandman.contract import ANN_INJECTED, ANN_TTL, LABEL_BENCH, LABEL_ID, LABEL_SANDBOX
 from sandman.extender.config import ExtenderConfig
 from sandman.extender.index import ImageIndex
 from sandman.extender.observe import ContainerImage, ImageEntry, NodeReport, PodReport
@@ -81,7 +82,7 @@ from sandman.kube_async import (
 
 GB = 10**9
 LEASES = Resource("coordination.k8s.io", "v1", "leases")
-LABEL = "sandman.dev/bench-extender"
+LABEL = LABEL_BENCH + "-extender"
 DAEMON = "127.0.0.1:5000/sandman/daemon:bench"
 
 
@@ -143,8 +144,8 @@ def _sandbox_pod(uid: str, image: str) -> dict[str, Any]:
             "name": f"rollout-{uid}",
             "namespace": "rl",
             "uid": uid,
-            "labels": {"sandman.dev/sandbox": "true", "sandman.dev/id": uid},
-            "annotations": {"sandman.dev/ttl": "90m", "sandman.dev/injected": "0.1.0"},
+            "labels": {LABEL_SANDBOX: "true", LABEL_ID: uid},
+            "annotations": {ANN_TTL: "90m", ANN_INJECTED: "0.1.0"},
         },
         "spec": {
             "schedulerName": "sandman-scheduler",

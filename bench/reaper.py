@@ -3,7 +3,7 @@
 N sandboxes on kwok nodes (bound directly with nodeName: the scheduler is not
 what is measured) get leases ending uniformly over a window; a dedicated
 reaper process (scoped to the bench namespace) reclaims them. A watch records
-when each pod disappears; latency = disappearance - its sandman.dev/expires-at
+when each pod disappears; latency = disappearance - its expires-at annotation
 (second precision, as the annotation has). Bystanders check safety: unlabeled
 pods with leases long past, and sandboxes whose leases end after the run,
 must all survive. API requests per reclaimed sandbox come from the reaper's

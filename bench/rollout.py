@@ -22,6 +22,7 @@ from typing import Any
 from sandman.bench.report import table
 from sandman.bench.task_images import build_task_images
 from sandman.client import Sandbox, SandmanClient
+from sandman.contract import LABEL_BENCH, LABEL_NODE_KIND
 from sandman.fleet.fleet import Fleet, FleetConfig, Problem
 from sandman.fleet.plot import timeline_png
 from sandman.fleet.records import RunData
@@ -33,8 +34,8 @@ from sandman.harness.testing import bench_bed
 from sandman.kube_async import NAMESPACES, NODES, ApiError
 from sandman.pools.manager import ManagerConfig
 
-REAL = {"sandman.dev/node-kind": "real"}
-BENCH_LABEL = {"sandman.dev/bench": "rollout"}
+REAL = {LABEL_NODE_KIND: "real"}
+BENCH_LABEL = {LABEL_BENCH: "rollout"}
 
 
 def add_args(p: argparse.ArgumentParser) -> None:

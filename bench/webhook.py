@@ -24,7 +24,7 @@ import aiohttp
 from kubernetes.client import CoreV1Api
 
 from sandman.bench.report import percentile, table
-from sandman.contract import LABEL_SANDBOX
+from sandman.contract import ANN_TTL, LABEL_SANDBOX
 from sandman.harness.cluster.kwok_nodes import KWOK_IMAGE, on_kwok
 from sandman.harness.kube import api_client
 from sandman.harness.testing import bench_bed
@@ -45,7 +45,7 @@ def _pod(labels: dict[str, str]) -> dict[str, Any]:
         "metadata": {
             "generateName": "bench-",
             "labels": labels,
-            "annotations": {"sandman.dev/ttl": "30m"},
+            "annotations": {ANN_TTL: "30m"},
         },
         "spec": on_kwok(
             {

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sandman.contract import ENV_TMPDIR_ORIG
 from sandman.daemon.children import ChildReaper, kill_tree, spawn
 from sandman.daemon.errors import BadRequest
 from sandman.daemon.output import Capture, encode, feed, pump
@@ -27,7 +28,6 @@ SCRUBBED_PREFIXES = ("_PYI_", "STATICX_", "_MEI", "SANDMAN_TOKEN")
 SCRUBBED = {"LD_LIBRARY_PATH", "LD_LIBRARY_PATH_ORIG", "PYTHONHOME", "PYTHONPATH", "TMPDIR"}
 # The webhook points TMPDIR at the daemon's dir (both bootloaders unpack
 # there) and keeps an image-defined TMPDIR here, to hand back to commands.
-ENV_TMPDIR_ORIG = "SANDMAN_TMPDIR_ORIG"
 
 
 def base_environment(env: Mapping[str, str], daemon_dir: str = "/.sandman") -> dict[str, str]:

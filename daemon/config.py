@@ -7,13 +7,13 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# Where the webhook mounts the daemon (an emptyDir); the agent may not touch it.
-DAEMON_DIR = "/.sandman"
-DEFAULT_PORT = 7878
-
-ENV_TOKEN_SHA256 = "SANDMAN_TOKEN_SHA256"
-ENV_TOKEN_SHA256_FILE = "SANDMAN_TOKEN_SHA256_FILE"
-ENV_WORKSPACE = "SANDMAN_WORKSPACE"
+from sandman.contract import (
+    DAEMON_DIR,
+    ENV_TOKEN_SHA256,
+    ENV_TOKEN_SHA256_FILE,
+    ENV_WORKSPACE,
+)
+from sandman.contract import DAEMON_PORT as DEFAULT_PORT
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ Who owns the pod changes what reclaiming means (the owner's semantics win,
 we never fight a controller):
 
 - bare pod: deleted for every reason.
-- idle warm-pool pod (controller-owned, ``sandman.dev/state=idle``): exempt
+- idle warm-pool pod (controller-owned, state label ``idle``): exempt
   from lease and idleness (waiting is its job; its lease starts at claim);
   stuck is reported, not deleted.
 - other controller-owned pod (ReplicaSet, Job, ...): deleted at lease end or
@@ -32,14 +32,14 @@ from sandman.contract import (
     REASON_IDLE,
     REASON_LEASE_EXPIRED,
     REASON_STUCK,
+    REASON_STUCK_REPORTED,
+    STATE_IDLE,
     ContractError,
     annotations,
     labels,
     parse_duration,
     parse_time,
 )
-
-REASON_STUCK_REPORTED = "SandboxStuck"  # a controller-owned sandbox we leave to its owner
 
 # Waiting reasons of a container that will not get better by waiting.
 PULL_FAILURES = frozenset(
@@ -93,7 +93,7 @@ def controller_of(pod: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def is_idle_pool_pod(pod: dict[str, Any]) -> bool:
-    return labels(pod).get(LABEL_STATE) == "idle" and controller_of(pod) is not None
+    return labels(pod).get(LABEL_STATE) == STATE_IDLE and controller_of(pod) is not None
 
 
 def _time(value: str | None) -> dt.datetime | None:

@@ -1,8 +1,9 @@
 """The pod contract (design section 2): every name and its parsing, in one place.
 
 Every component reads and writes sandbox pods through these names and
-parsers, so that the webhook, the reaper, the extender and the SDK can never
-disagree about what a label means or how "90m" is read.
+parsers, so that the webhook, the reaper, the extender, the daemon and the SDK
+can never disagree about what a label means or how "90m" is read. It imports
+only the standard library: the daemon is frozen with it.
 """
 
 from __future__ import annotations
@@ -27,13 +28,38 @@ ANN_INJECTED = PREFIX + "injected"  # daemon version; the idempotency marker
 LABEL_ID = PREFIX + "id"  # random sandbox id (the token is derived from it)
 ANN_EXPIRES_AT = PREFIX + "expires-at"  # RFC 3339; clients may move it later
 LABEL_POOL = PREFIX + "pool"
-LABEL_STATE = PREFIX + "state"  # warm pools: "idle" until claimed
-LABEL_CLAIM = PREFIX + "claim"  # "held" from the moment a pool pod is claimed
+LABEL_STATE = PREFIX + "state"  # warm pools: STATE_IDLE until claimed
+LABEL_CLAIM = PREFIX + "claim"  # CLAIM_HELD from the moment a pool pod is claimed
+LABEL_RUN = PREFIX + "run"  # every pod of one fleet run
+LABEL_NODE_KIND = PREFIX + "node-kind"  # local cluster nodes: "kwok" | "real"
+LABEL_BENCH = PREFIX + "bench"  # nodes and pods a benchmark made (value: its name)
+
+# -- values of sandman.dev/state and sandman.dev/claim ------------------------------
+STATE_IDLE = "idle"  # in a warm pool, claimable
+STATE_CLAIMED = "claimed"  # taken out of its pool by a claim
+STATE_QUARANTINED = "quarantined"  # kept by a fleet after its reset found drift
+CLAIM_HELD = "held"  # pool controllers may not delete it (validating webhook)
+
+# -- warm pools ----------------------------------------------------------------------
+ANN_CLAIMED_BY = PREFIX + "claimed-by"
+ANN_CLAIMED_AT = PREFIX + "claimed-at"
+ANN_POOL_STATUS = PREFIX + "pool-status"  # JSON health summary, on the ReplicaSet
+ANN_POOL_IMAGE = PREFIX + "pool-image"  # on the ReplicaSet
+POOL_RS_PREFIX = "pool-"  # a pool is the ReplicaSet pool-<name>
 
 SCHEDULER_NAME = "sandman-scheduler"
+POLICY_API_VERSION = PREFIX + "v1alpha1"  # the admin's SandboxPolicy file
+
+# -- what the webhook injects and the daemon reads (the webhook <-> daemon contract) --
 DAEMON_PORT = 7878
-DAEMON_DIR = "/.sandman"
+DAEMON_DIR = "/.sandman"  # the daemon's own files; the agent may not touch them
 DAEMON_PORT_NAME = "sandman"
+DAEMON_VOLUME = "sandman-daemon"
+DAEMON_INIT_CONTAINER = "sandman-install"
+ENV_TOKEN_SHA256 = "SANDMAN_TOKEN_SHA256"  # SHA-256 (hex) of the sandbox's token
+ENV_TOKEN_SHA256_FILE = "SANDMAN_TOKEN_SHA256_FILE"  # ... or a file holding it
+ENV_WORKSPACE = "SANDMAN_WORKSPACE"  # the git checkout /v1/reset restores
+ENV_TMPDIR_ORIG = "SANDMAN_TMPDIR_ORIG"  # the image's own TMPDIR, handed back to commands
 NAMESPACE = "sandman-system"
 ACCESS_SECRET = "sandman-access"  # per-namespace key Secret (design section 5)
 
@@ -43,6 +69,7 @@ REASON_POLICY_DENIED = "PolicyDenied"
 REASON_LEASE_EXPIRED = "LeaseExpired"
 REASON_IDLE = "IdleReclaimed"
 REASON_STUCK = "StuckReclaimed"
+REASON_STUCK_REPORTED = "SandboxStuck"  # a controller-owned sandbox left to its owner
 REASON_EXITED = "Exited"
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")

@@ -6,7 +6,7 @@
     daemon   gets only SHA-256(token)           an agent inside cannot invert it
 
 Anyone who may read ``sandman-access`` in a namespace (its users) can compute
-the token of every sandbox there from the pod's ``sandman.dev/id`` label
+the token of every sandbox there from the pod's id label
 alone; a sandbox holds neither K_ns nor any service-account token, so it
 cannot compute another sandbox's token.
 """

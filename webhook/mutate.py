@@ -23,8 +23,13 @@ from sandman.contract import (
     ANN_TTL,
     ANN_WORKSPACE,
     DAEMON_DIR,
+    DAEMON_INIT_CONTAINER,
     DAEMON_PORT,
     DAEMON_PORT_NAME,
+    DAEMON_VOLUME,
+    ENV_TMPDIR_ORIG,
+    ENV_TOKEN_SHA256,
+    ENV_WORKSPACE,
     LABEL_ID,
     SCHEDULER_NAME,
     ContractError,
@@ -38,12 +43,9 @@ from sandman.kube_async import escape_pointer
 from sandman.quantity import parse_quantity
 from sandman.webhook.policy import RuleSet, profile_of
 
-VOLUME = "sandman-daemon"
-INIT_CONTAINER = "sandman-install"
-ENV_TOKEN = "SANDMAN_TOKEN_SHA256"
-ENV_WORKSPACE = "SANDMAN_WORKSPACE"
-ENV_TMPDIR_ORIG = "SANDMAN_TMPDIR_ORIG"
-OUR_ENV = (ENV_TOKEN, ENV_WORKSPACE, ENV_TMPDIR_ORIG, "TMPDIR")
+VOLUME = DAEMON_VOLUME
+INIT_CONTAINER = DAEMON_INIT_CONTAINER
+OUR_ENV = (ENV_TOKEN_SHA256, ENV_WORKSPACE, ENV_TMPDIR_ORIG, "TMPDIR")
 SA_VOLUME_PREFIX = "kube-api-access-"  # what the ServiceAccount admission plugin adds
 
 # The install step copies one 15 MB file; these fit it with room, and keep a
@@ -243,7 +245,7 @@ def _rewrite_container(
     tmpdir = next((e for e in env if e.get("name") == "TMPDIR"), None)
     kept = [e for e in env if e.get("name") not in OUR_ENV]
     ours = [
-        {"name": ENV_TOKEN, "value": token_hash},
+        {"name": ENV_TOKEN_SHA256, "value": token_hash},
         # Both bootloaders of the frozen daemon unpack into $TMPDIR.
         {"name": "TMPDIR", "value": DAEMON_DIR},
     ]

@@ -18,11 +18,13 @@ from typing import Any
 
 from sandman.contract import (
     ANN_EXPIRES_AT,
+    CLAIM_HELD,
     LABEL_CLAIM,
     LABEL_ID,
     LABEL_SANDBOX,
     LABEL_STATE,
     NAMESPACE,
+    STATE_CLAIMED,
     ContractError,
     annotations,
     is_sandbox,
@@ -276,7 +278,9 @@ def _validate_delete(r: Review) -> Outcome:
     pick an idle pod instead. Everyone else may delete a claimed pod.
     """
     old = r.old or {}
-    held = labels(old).get(LABEL_CLAIM) == "held" or labels(old).get(LABEL_STATE) == "claimed"
+    held = (
+        labels(old).get(LABEL_CLAIM) == CLAIM_HELD or labels(old).get(LABEL_STATE) == STATE_CLAIMED
+    )
     if not held or r.username not in POOL_CONTROLLERS:
         return Outcome(True, result="skipped")
     name = f"{r.namespace}/{(old.get('metadata') or {}).get('name', '')}"

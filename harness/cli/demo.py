@@ -15,6 +15,7 @@ import sys
 import time
 
 from sandman.client import Sandbox, SandboxStartError, SandmanClient
+from sandman.contract import LABEL_NODE_KIND
 from sandman.harness.cluster.config import default_state_dir
 from sandman.harness.cluster.local import LocalCluster
 from sandman.harness.images.build import ImageBuilder
@@ -35,7 +36,7 @@ async def _rollout(client: SandmanClient, image: str, fix: bool) -> tuple[float,
         image,
         command=["sleep", "3600"],
         ttl="15m",
-        node_selector={"sandman.dev/node-kind": "real"},
+        node_selector={LABEL_NODE_KIND: "real"},
     ) as sb:
         before = await sb.exec(["python3", "-m", "unittest"], cwd="/work/repo")
         assert before.exit_code == 1, before.stderr

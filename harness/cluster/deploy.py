@@ -23,7 +23,7 @@ import yaml
 from kubernetes.client import AdmissionregistrationV1Api, CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
-from sandman.contract import NAMESPACE
+from sandman.contract import ANN_INJECTED, LABEL_SANDBOX, NAMESPACE, POLICY_API_VERSION
 from sandman.harness.cluster.components import Layout
 from sandman.harness.cluster.config import ClusterConfig
 from sandman.harness.cluster.extender import ready_url as extender_ready_url
@@ -37,17 +37,17 @@ WEBHOOK_CONFIGS = MANIFESTS / "webhook" / "webhookconfigurations.yaml"
 
 # The local cluster's policy: every test and demo image comes from the local
 # registry, so anything else is refused (the rule an admin would start with).
-LOCAL_POLICY = """\
-apiVersion: sandman.dev/v1alpha1
+LOCAL_POLICY = f"""\
+apiVersion: {POLICY_API_VERSION}
 kind: SandboxPolicy
 rules:
 - name: local-default
   mode: enforce
   allowedRegistries: ["127.0.0.1:5000/*"]
-  ttl: {default: 2h, max: 24h}
+  ttl: {{default: 2h, max: 24h}}
   profiles:
-    rollout: {}
-    eval: {guaranteedQoS: true, reuse: false}
+    rollout: {{}}
+    eval: {{guaranteedQoS: true, reuse: false}}
 """
 
 Progress = Callable[[str], None]
@@ -222,11 +222,11 @@ class LocalDeployment:
         def injects() -> bool:
             # A server-side dry run goes through both webhooks and changes nothing.
             pod = {
-                "metadata": {"generateName": "probe-", "labels": {"sandman.dev/sandbox": "true"}},
+                "metadata": {"generateName": "probe-", "labels": {LABEL_SANDBOX: "true"}},
                 "spec": {"containers": [{"name": "c", "image": "127.0.0.1:5000/sandman/tiny:1"}]},
             }
             got = core.create_namespaced_pod("default", pod, dry_run="All", _preload_content=False)
-            return "sandman.dev/injected" in json.loads(got.data)["metadata"].get("annotations", {})
+            return ANN_INJECTED in json.loads(got.data)["metadata"].get("annotations", {})
 
         t0 = time.monotonic()
         wait_until(

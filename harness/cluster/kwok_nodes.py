@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from sandman.contract import LABEL_NODE_KIND
 from sandman.harness.cluster.components import KWOK_NODE_ANNOTATION
 from sandman.harness.cluster.config import KwokNodeShape
 
 KWOK_NODE_PREFIX = "kwok-node-"
-NODE_KIND_LABEL = "sandman.dev/node-kind"
+NODE_KIND_LABEL = LABEL_NODE_KIND
 KWOK_NODE_SELECTOR = f"{NODE_KIND_LABEL}=kwok"
 
 # Simulated nodes run nothing; only pods that ask for them may land there

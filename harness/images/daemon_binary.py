@@ -44,6 +44,9 @@ FREEZE_DIR = DAEMON_SRC / "freeze"
 REQUIREMENTS = FREEZE_DIR / "requirements-freeze.txt"
 SPEC = FREEZE_DIR / "sandmand.spec"
 PARENT_INIT = REPO_ROOT / "sandman" / "__init__.py"
+# The pod contract (names shared with the webhook): standard library only, so
+# the daemon is frozen with it rather than keeping a copy of its names.
+CONTRACT = REPO_ROOT / "sandman" / "contract.py"
 
 # Debian's interpreter: its libpython and extensions have no RUNPATH. pyenv's
 # do, and staticx rejects such a PyInstaller archive ("Unsupported
@@ -117,6 +120,7 @@ def binary_key(interpreter: str) -> str:
         ("interpreter", interpreter.encode()),
         ("pins", REQUIREMENTS.read_bytes()),
         ("sandman/__init__.py", PARENT_INIT.read_bytes()),
+        ("sandman/contract.py", CONTRACT.read_bytes()),
     ]
     parts += [(str(p.relative_to(REPO_ROOT)), p.read_bytes()) for p in daemon_files()]
     return _digest(parts)
@@ -217,10 +221,12 @@ def _ensure_venv(root: Path, interpreter: str, log: Path, progress: Progress) ->
 
 
 def _stage_sources(src: Path) -> None:
-    """Copy in exactly what may be frozen: the parent package's __init__ and the daemon."""
+    """Copy in exactly what may be frozen: the parent package's __init__, the
+    contract and the daemon."""
     pkg = src / "sandman"
     pkg.mkdir(parents=True)
     shutil.copyfile(PARENT_INIT, pkg / "__init__.py")
+    shutil.copyfile(CONTRACT, pkg / "contract.py")
     shutil.copytree(
         DAEMON_SRC,
         pkg / "daemon",

@@ -25,7 +25,7 @@ from sandman.client.errors import (
     SandmanError,
     TransportError,
 )
-from sandman.contract import LABEL_STATE, parse_duration
+from sandman.contract import LABEL_RUN, LABEL_STATE, STATE_QUARANTINED, parse_duration
 from sandman.fleet import strategies
 from sandman.fleet.records import Attempt, Outcome, RolloutRecord, RunData, Source
 from sandman.fleet.reuse import ProblemState
@@ -37,8 +37,6 @@ from sandman.pools.manager import ManagerConfig, PoolManager
 log = logging.getLogger(__name__)
 Task = Callable[[Sandbox, "Problem", int], Awaitable[float]]
 ResetFn = Callable[[Sandbox], Awaitable[Mapping[str, Any]]]
-STATE_QUARANTINED = "quarantined"
-LABEL_RUN = "sandman.dev/run"  # every pod of one fleet run
 # Start failures that every sandbox of the problem would hit: later rollouts
 # of the problem fail at once (reported, never dropped) instead of each
 # paying the same failed start.

@@ -1,6 +1,6 @@
 """Warm pools without a CRD: a pool is a ReplicaSet of idle sandbox pods.
 
-A claim is one JSON patch that flips ``sandman.dev/state`` from ``idle`` to
+A claim is one JSON patch that flips the state label from ``idle`` to
 ``claimed`` (guarded by a ``test`` op) and drops the ReplicaSet's owner
 reference, so the pod leaves the pool atomically and the ReplicaSet refills.
 """

@@ -8,18 +8,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandman.client.sandbox import build_pod
-from sandman.contract import LABEL_POOL, LABEL_STATE, PREFIX
+from sandman.contract import (
+    ANN_CLAIMED_AT,
+    ANN_CLAIMED_BY,
+    ANN_POOL_IMAGE,
+    ANN_POOL_STATUS,
+    CLAIM_HELD,
+    LABEL_POOL,
+    LABEL_STATE,
+    POOL_RS_PREFIX,
+    STATE_CLAIMED,
+    STATE_IDLE,
+)
 
-STATE_IDLE = "idle"
-STATE_CLAIMED = "claimed"
-ANN_CLAIMED_BY = PREFIX + "claimed-by"
-ANN_CLAIMED_AT = PREFIX + "claimed-at"
-ANN_POOL_STATUS = PREFIX + "pool-status"  # JSON health summary, on the ReplicaSet
-# On a claimed pod from the moment it is claimed (before it leaves the pool,
-# in a two-phase claim): the webhook keeps pool controllers from deleting it.
-CLAIM_HELD = "held"
+__all__ = ["ANN_CLAIMED_AT", "ANN_CLAIMED_BY", "ANN_POOL_STATUS", "CLAIM_HELD", "STATE_CLAIMED"]
+
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
-RS_PREFIX = "pool-"
+RS_PREFIX = POOL_RS_PREFIX
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?$")
 
 
@@ -92,7 +97,7 @@ class PoolSpec:
             "metadata": {
                 "name": replicaset_name(self.name),
                 "labels": labels,
-                "annotations": {PREFIX + "pool-image": self.image},
+                "annotations": {ANN_POOL_IMAGE: self.image},
             },
             "spec": {
                 "replicas": self.size if replicas is None else replicas,
