@@ -54,6 +54,11 @@ def cluster_unavailable_reason() -> str | None:
     return None
 
 
+# Seconds a new test session waits for another cluster's real node to go away
+# (one real node per machine) before it runs without one; default 0.
+WAIT_ENV = "SANDMAN_TEST_REAL_NODE_WAIT"
+
+
 def real_node_reason_for_new_cluster() -> str | None:
     """Why a new test cluster should not get the real node, or None."""
     if os.environ.get("SANDMAN_TEST_REAL_NODE") == "0":
@@ -62,6 +67,13 @@ def real_node_reason_for_new_cluster() -> str | None:
     if why:
         return why
     node = RealNodeConfig()
+    deadline = time.monotonic() + float(os.environ.get(WAIT_ENV) or 0)
+    announced = False
+    while bridge_exists(node.bridge) and time.monotonic() < deadline:
+        if not announced:
+            print(f"waiting for another cluster's real node to stop ({WAIT_ENV})", flush=True)
+            announced = True
+        time.sleep(2)
     if bridge_exists(node.bridge):
         return (
             f"another cluster's real node runs on this machine (bridge {node.bridge}); "
