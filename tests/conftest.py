@@ -98,9 +98,18 @@ def namespace(core: CoreV1Api, request: pytest.FixtureRequest) -> Iterator[str]:
             raise
 
 
+# In CI every tier must run: a skipped test (a missing package, no real node)
+# fails the run instead of passing quietly.
+REQUIRE_ALL_ENV = "SANDMAN_REQUIRE_ALL_TIERS"
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
     rep = yield
+    if rep.skipped and os.environ.get(REQUIRE_ALL_ENV) == "1" and not hasattr(rep, "wasxfail"):
+        why = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
+        rep.outcome = "failed"
+        rep.longrepr = f"skipped, but {REQUIRE_ALL_ENV}=1 requires every test to run: {why}"
     setattr(item, f"rep_{rep.when}", rep)
     return rep
 

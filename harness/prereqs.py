@@ -1,0 +1,37 @@
+"""Install every Debian package the harness and the test tiers need, up front.
+
+`.ci/run` calls ``python -m sandman.harness.prereqs`` before `make test`, so
+that no tier or test is skipped on a fresh machine for want of a package (the
+real node would install them on demand too, but tests that build images or
+chroots run before or without it).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from sandman.harness.cluster.hostsetup import (
+    HostSetupError,
+    ensure_packages,
+    missing_packages,
+    real_node_unsupported_reason,
+)
+
+
+def main() -> int:
+    why = real_node_unsupported_reason()
+    if why:
+        print(f"prereqs: {why}", file=sys.stderr)
+        return 1
+    try:
+        ensure_packages(lambda m: print(f"prereqs: {m}", flush=True))
+    except HostSetupError as e:
+        print(f"prereqs: {e}", file=sys.stderr)
+        return 1
+    left = missing_packages()
+    print("prereqs: all installed" if not left else f"prereqs: missing {left}")
+    return 0 if not left else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
