@@ -1,28 +1,25 @@
-"""The cluster admin's sandbox policy: format, selection, defaults, checks (pure).
+"""The cluster admin's sandbox policy: format, parsing, selection (pure).
 
 A policy file holds rule sets; the first whose ``namespaceSelector`` matches
 the pod's namespace labels governs it. A rule set supplies defaults (applied
 by the mutating webhook) and limits (checked by the validating webhook on the
 final object), in one of Pod Security Admission's modes: ``enforce`` denies,
 ``warn`` admits with warnings, ``audit`` admits and only counts and logs.
-Every violation names its rule and says how to comply. docs/policy.md has
-the format with an example.
+Every violation names its rule and says how to comply; the checks
+themselves are a table in ``webhook/checks.py``. docs/policy.md has the
+format with an example.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import fnmatch
 from dataclasses import dataclass, field
 from typing import Any
 
 from sandman.contract import (
-    ANN_IDLE_TIMEOUT,
     ANN_PROFILE,
-    ANN_TTL,
     ContractError,
     annotations,
-    format_duration,
     parse_duration,
 )
 from sandman.quantity import parse_quantity
@@ -222,193 +219,3 @@ def parse_policy(doc: Any) -> Policy:
 def profile_of(pod: dict[str, Any], rule: RuleSet) -> Profile | None:
     name = annotations(pod).get(ANN_PROFILE, rule.default_profile)
     return rule.profiles.get(name)
-
-
-def _containers(pod: dict[str, Any]) -> list[dict[str, Any]]:
-    spec = pod.get("spec") or {}
-    return [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
-
-
-def registry_allowed(image: str, patterns: tuple[str, ...]) -> bool:
-    return any(fnmatch.fnmatchcase(image, p) for p in patterns)
-
-
-def check(
-    pod: dict[str, Any],
-    rule: RuleSet,
-    *,
-    trusted_images: frozenset[str] = frozenset(),
-    now: dt.datetime | None = None,
-) -> list[Violation]:
-    """Every way ``pod`` breaks ``rule`` (empty: compliant)."""
-    v: list[Violation] = []
-    spec = pod.get("spec") or {}
-    ann = annotations(pod)
-    for c in _containers(pod):
-        name, image = c.get("name", "?"), c.get("image", "")
-        if image not in trusted_images and not registry_allowed(image, rule.allowed_registries):
-            v.append(
-                Violation(
-                    "registry",
-                    f"container {name}: image {image!r} is not from an allowed registry",
-                    f"use an image matching one of {list(rule.allowed_registries)}",
-                )
-            )
-        sc = c.get("securityContext") or {}
-        if sc.get("privileged") and not rule.allow_privileged:
-            v.append(
-                Violation(
-                    "privileged",
-                    f"container {name} is privileged",
-                    "remove securityContext.privileged",
-                )
-            )
-        if sc.get("allowPrivilegeEscalation") and not rule.allow_privileged:
-            v.append(
-                Violation(
-                    "privilege-escalation",
-                    f"container {name} allows privilege escalation",
-                    "remove securityContext.allowPrivilegeEscalation",
-                )
-            )
-        added = set(((sc.get("capabilities") or {}).get("add")) or [])
-        extra = sorted(added - set(rule.allowed_capabilities))
-        if extra:
-            v.append(
-                Violation(
-                    "capabilities",
-                    f"container {name} adds capabilities {extra}",
-                    "drop them from securityContext.capabilities.add "
-                    f"(allowed: {list(rule.allowed_capabilities)})",
-                )
-            )
-        if not rule.allow_host_ports and any(p.get("hostPort") for p in c.get("ports") or []):
-            v.append(
-                Violation(
-                    "host-ports", f"container {name} uses a hostPort", "remove ports[].hostPort"
-                )
-            )
-        v += _check_resources(name, c.get("resources") or {}, rule)
-    if not rule.allow_host_namespaces:
-        for f in ("hostNetwork", "hostPID", "hostIPC"):
-            if spec.get(f):
-                v.append(Violation("host-namespaces", f"spec.{f} is set", f"remove spec.{f}"))
-    if not rule.allow_host_paths:
-        for vol in spec.get("volumes") or []:
-            if "hostPath" in vol:
-                v.append(
-                    Violation(
-                        "host-paths",
-                        f"volume {vol.get('name')} is a hostPath",
-                        "use an emptyDir or a PVC instead",
-                    )
-                )
-    if not rule.allow_service_account_token:
-        if spec.get("automountServiceAccountToken") is not False:
-            v.append(
-                Violation(
-                    "service-account-token",
-                    "the pod would mount a service-account token",
-                    "set spec.automountServiceAccountToken: false (sandboxes run untrusted code)",
-                )
-            )
-        for vol in spec.get("volumes") or []:
-            for src in (vol.get("projected") or {}).get("sources") or []:
-                if "serviceAccountToken" in src:
-                    v.append(
-                        Violation(
-                            "service-account-token",
-                            f"volume {vol.get('name')} projects a token",
-                            "remove the serviceAccountToken projection",
-                        )
-                    )
-    if rule.runtime_class_name and spec.get("runtimeClassName") != rule.runtime_class_name:
-        v.append(
-            Violation(
-                "runtime-class",
-                f"sandboxes here must run with runtimeClassName "
-                f"{rule.runtime_class_name!r}, got {spec.get('runtimeClassName')!r}",
-                f"set spec.runtimeClassName: {rule.runtime_class_name}",
-            )
-        )
-    v += _check_durations(ann, rule)
-    prof = profile_of(pod, rule)
-    if prof is None:
-        v.append(
-            Violation(
-                "profile",
-                f"unknown profile {ann.get(ANN_PROFILE)!r}",
-                f"use one of {sorted(rule.profiles)} in annotation {ANN_PROFILE}",
-            )
-        )
-    elif prof.guaranteed_qos:
-        for c in spec.get("containers") or []:
-            r = c.get("resources") or {}
-            req, lim = r.get("requests") or {}, r.get("limits") or {}
-            if (
-                not lim.get("cpu")
-                or not lim.get("memory")
-                or any(req.get(k, lim.get(k)) != lim.get(k) for k in ("cpu", "memory"))
-            ):
-                v.append(
-                    Violation(
-                        "guaranteed-qos",
-                        f"profile {prof.name}: container {c.get('name')} is not Guaranteed QoS",
-                        "set cpu and memory limits equal to requests",
-                    )
-                )
-    return v
-
-
-def _check_resources(name: str, res: dict[str, Any], rule: RuleSet) -> list[Violation]:
-    out = []
-    for kind in ("requests", "limits"):
-        for rname, value in (res.get(kind) or {}).items():
-            cap = rule.max_resources.get(rname)
-            if cap is None:
-                continue
-            try:
-                over = parse_quantity(str(value)) > parse_quantity(cap)
-            except ValueError:
-                out.append(
-                    Violation(
-                        "resources",
-                        f"container {name}: {kind}.{rname}={value!r} is not a quantity",
-                        "use e.g. 500m, 2Gi",
-                    )
-                )
-                continue
-            if over:
-                out.append(
-                    Violation(
-                        "resources-max",
-                        f"container {name}: {kind}.{rname}={value} is above the maximum {cap}",
-                        f"ask for at most {cap} {rname}",
-                    )
-                )
-    return out
-
-
-def _check_durations(ann: dict[str, str], rule: RuleSet) -> list[Violation]:
-    out = []
-    for key, cap, rid in (
-        (ANN_TTL, rule.max_ttl, "ttl-max"),
-        (ANN_IDLE_TIMEOUT, rule.max_idle_timeout, "idle-timeout-max"),
-    ):
-        if key not in ann:
-            continue
-        try:
-            d = parse_duration(ann[key], field=key)
-        except ContractError as e:
-            out.append(Violation(rid.replace("-max", "-format"), str(e), f"fix annotation {key}"))
-            continue
-        if cap is not None and d > cap:
-            limit = format_duration(cap)
-            out.append(
-                Violation(
-                    rid,
-                    f"{key}={ann[key]} is above the maximum {limit}",
-                    f"set {key} to {limit} or less",
-                )
-            )
-    return out

@@ -31,8 +31,9 @@ from sandman.contract import (
     labels,
     parse_time,
 )
+from sandman.webhook.checks import check
 from sandman.webhook.mutate import InjectionSettings, MutationError, mutate
-from sandman.webhook.policy import Policy, RuleSet, Violation, check
+from sandman.webhook.policy import Policy, RuleSet, Violation
 
 log = logging.getLogger("sandman.webhook")
 
@@ -184,9 +185,7 @@ def decide_validation(ctx: Context, r: Review) -> Outcome:
         return _validate_update(ctx, r, rule)
     if r.operation != "CREATE" or not is_sandbox(r.obj):
         return Outcome(True, result="skipped")
-    violations = check(
-        r.obj, rule, trusted_images=frozenset({ctx.settings.daemon_image}), now=ctx.now()
-    )
+    violations = check(r.obj, rule, trusted_images=frozenset({ctx.settings.daemon_image}))
     return _apply_mode(violations, rule)
 
 

@@ -5,14 +5,17 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
 from sandman.contract import ANN_EXPIRES_AT, ANN_TTL, LABEL_ID, LABEL_SANDBOX
+from sandman.webhook.checks import CHECKS, check
 from sandman.webhook.mutate import InjectionSettings
-from sandman.webhook.policy import Policy, PolicyError, check, parse_policy
+from sandman.webhook.policy import Policy, PolicyError, parse_policy
 from sandman.webhook.review import (
     Context,
     MalformedReview,
@@ -144,6 +147,15 @@ def test_each_rule_reports_itself_with_a_fix(change: Any, rule: str) -> None:
     violations = check(p, STRICT)
     assert [v.rule for v in violations] == [rule], violations
     assert violations[0].fix
+
+
+def test_the_check_table_is_the_denial_table_of_the_docs() -> None:
+    """Every rule id a check may report has a row in docs/policy.md, and vice versa
+    for the CREATE-time rows (the UPDATE-only and contract rows live in review)."""
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "policy.md").read_text()
+    documented = set(re.findall(r"`([a-z-]+)`", doc.split("| rule id |", 1)[1].split("\n\n")[0]))
+    in_table = {rid for ids, _f in CHECKS for rid in ids}
+    assert in_table - documented == set()
 
 
 def test_trusted_daemon_image_is_exempt_from_the_registry_rule() -> None:

@@ -1,0 +1,260 @@
+"""The policy's checks: one small function per rule (pure: a pod and a rule set in).
+
+``CHECKS`` reads like the denial table of docs/policy.md: each row names the
+rule ids it may report and the function that looks for them. A check yields a
+:class:`Violation` per breach (each names its rule and how to comply); a
+compliant pod yields nothing. The validating webhook runs every row on the
+final pod (after every mutation); ``review`` adds the UPDATE-only rules.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from sandman.contract import (
+    ANN_IDLE_TIMEOUT,
+    ANN_PROFILE,
+    ANN_TTL,
+    ContractError,
+    annotations,
+    format_duration,
+    parse_duration,
+)
+from sandman.quantity import parse_quantity
+from sandman.webhook.policy import RuleSet, Violation, profile_of
+
+
+@dataclass(frozen=True)
+class Subject:
+    """What every check reads: the pod, the rule set that governs it, and the
+    images trusted whatever the registries (the injected daemon's)."""
+
+    pod: dict[str, Any]
+    rule: RuleSet
+    trusted_images: frozenset[str] = frozenset()
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        return self.pod.get("spec") or {}
+
+    @property
+    def containers(self) -> list[dict[str, Any]]:
+        spec = self.spec
+        return [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+
+    @property
+    def annotations(self) -> dict[str, str]:
+        return annotations(self.pod)
+
+
+Check = Callable[[Subject], Iterator[Violation]]
+
+
+def registry_allowed(image: str, patterns: tuple[str, ...]) -> bool:
+    return any(fnmatch.fnmatchcase(image, p) for p in patterns)
+
+
+# -- one function per row of the denial table ------------------------------------
+def _registry(s: Subject) -> Iterator[Violation]:
+    allowed = s.rule.allowed_registries
+    for c in s.containers:
+        image = c.get("image", "")
+        if image not in s.trusted_images and not registry_allowed(image, allowed):
+            yield Violation(
+                "registry",
+                f"container {c.get('name', '?')}: image {image!r} is not from an allowed registry",
+                f"use an image matching one of {list(allowed)}",
+            )
+
+
+def _privileged(s: Subject) -> Iterator[Violation]:
+    if s.rule.allow_privileged:
+        return
+    for c in s.containers:
+        sc = c.get("securityContext") or {}
+        if sc.get("privileged"):
+            yield Violation(
+                "privileged",
+                f"container {c.get('name', '?')} is privileged",
+                "remove securityContext.privileged",
+            )
+        if sc.get("allowPrivilegeEscalation"):
+            yield Violation(
+                "privilege-escalation",
+                f"container {c.get('name', '?')} allows privilege escalation",
+                "remove securityContext.allowPrivilegeEscalation",
+            )
+
+
+def _capabilities(s: Subject) -> Iterator[Violation]:
+    granted = set(s.rule.allowed_capabilities)
+    for c in s.containers:
+        added = set(((c.get("securityContext") or {}).get("capabilities") or {}).get("add") or [])
+        extra = sorted(added - granted)
+        if extra:
+            yield Violation(
+                "capabilities",
+                f"container {c.get('name', '?')} adds capabilities {extra}",
+                "drop them from securityContext.capabilities.add "
+                f"(allowed: {list(s.rule.allowed_capabilities)})",
+            )
+
+
+def _host_namespaces(s: Subject) -> Iterator[Violation]:
+    if s.rule.allow_host_namespaces:
+        return
+    for f in ("hostNetwork", "hostPID", "hostIPC"):
+        if s.spec.get(f):
+            yield Violation("host-namespaces", f"spec.{f} is set", f"remove spec.{f}")
+
+
+def _host_ports(s: Subject) -> Iterator[Violation]:
+    if s.rule.allow_host_ports:
+        return
+    for c in s.containers:
+        if any(p.get("hostPort") for p in c.get("ports") or []):
+            yield Violation(
+                "host-ports",
+                f"container {c.get('name', '?')} uses a hostPort",
+                "remove ports[].hostPort",
+            )
+
+
+def _host_paths(s: Subject) -> Iterator[Violation]:
+    if s.rule.allow_host_paths:
+        return
+    for vol in s.spec.get("volumes") or []:
+        if "hostPath" in vol:
+            yield Violation(
+                "host-paths",
+                f"volume {vol.get('name')} is a hostPath",
+                "use an emptyDir or a PVC instead",
+            )
+
+
+def _service_account_token(s: Subject) -> Iterator[Violation]:
+    if s.rule.allow_service_account_token:
+        return
+    if s.spec.get("automountServiceAccountToken") is not False:
+        yield Violation(
+            "service-account-token",
+            "the pod would mount a service-account token",
+            "set spec.automountServiceAccountToken: false (sandboxes run untrusted code)",
+        )
+    for vol in s.spec.get("volumes") or []:
+        for src in (vol.get("projected") or {}).get("sources") or []:
+            if "serviceAccountToken" in src:
+                yield Violation(
+                    "service-account-token",
+                    f"volume {vol.get('name')} projects a token",
+                    "remove the serviceAccountToken projection",
+                )
+
+
+def _runtime_class(s: Subject) -> Iterator[Violation]:
+    want, got = s.rule.runtime_class_name, s.spec.get("runtimeClassName")
+    if want and got != want:
+        yield Violation(
+            "runtime-class",
+            f"sandboxes here must run with runtimeClassName {want!r}, got {got!r}",
+            f"set spec.runtimeClassName: {want}",
+        )
+
+
+def _resources_max(s: Subject) -> Iterator[Violation]:
+    for c in s.containers:
+        res = c.get("resources") or {}
+        for kind in ("requests", "limits"):
+            for rname, value in (res.get(kind) or {}).items():
+                cap = s.rule.max_resources.get(rname)
+                if cap is None:
+                    continue
+                where = f"container {c.get('name', '?')}: {kind}.{rname}"
+                try:
+                    over = parse_quantity(str(value)) > parse_quantity(cap)
+                except ValueError:
+                    yield Violation(
+                        "resources", f"{where}={value!r} is not a quantity", "use e.g. 500m, 2Gi"
+                    )
+                    continue
+                if over:
+                    yield Violation(
+                        "resources-max",
+                        f"{where}={value} is above the maximum {cap}",
+                        f"ask for at most {cap} {rname}",
+                    )
+
+
+def _durations(s: Subject) -> Iterator[Violation]:
+    ann = s.annotations
+    for key, cap, rid in (
+        (ANN_TTL, s.rule.max_ttl, "ttl"),
+        (ANN_IDLE_TIMEOUT, s.rule.max_idle_timeout, "idle-timeout"),
+    ):
+        if key not in ann:
+            continue
+        try:
+            d = parse_duration(ann[key], field=key)
+        except ContractError as e:
+            yield Violation(f"{rid}-format", str(e), f"fix annotation {key}")
+            continue
+        if cap is not None and d > cap:
+            limit = format_duration(cap)
+            yield Violation(
+                f"{rid}-max",
+                f"{key}={ann[key]} is above the maximum {limit}",
+                f"set {key} to {limit} or less",
+            )
+
+
+def _profile(s: Subject) -> Iterator[Violation]:
+    prof = profile_of(s.pod, s.rule)
+    if prof is None:
+        yield Violation(
+            "profile",
+            f"unknown profile {s.annotations.get(ANN_PROFILE)!r}",
+            f"use one of {sorted(s.rule.profiles)} in annotation {ANN_PROFILE}",
+        )
+        return
+    if not prof.guaranteed_qos:
+        return
+    for c in s.spec.get("containers") or []:
+        r = c.get("resources") or {}
+        req, lim = r.get("requests") or {}, r.get("limits") or {}
+        if (
+            not lim.get("cpu")
+            or not lim.get("memory")
+            or any(req.get(k, lim.get(k)) != lim.get(k) for k in ("cpu", "memory"))
+        ):
+            yield Violation(
+                "guaranteed-qos",
+                f"profile {prof.name}: container {c.get('name')} is not Guaranteed QoS",
+                "set cpu and memory limits equal to requests",
+            )
+
+
+# The denial table (docs/policy.md), in its order: rule ids -> check.
+CHECKS: tuple[tuple[tuple[str, ...], Check], ...] = (
+    (("registry",), _registry),
+    (("privileged", "privilege-escalation"), _privileged),
+    (("capabilities",), _capabilities),
+    (("host-namespaces",), _host_namespaces),
+    (("host-ports",), _host_ports),
+    (("host-paths",), _host_paths),
+    (("service-account-token",), _service_account_token),
+    (("runtime-class",), _runtime_class),
+    (("resources-max", "resources"), _resources_max),
+    (("ttl-max", "ttl-format", "idle-timeout-max", "idle-timeout-format"), _durations),
+    (("profile", "guaranteed-qos"), _profile),
+)
+
+
+def check(
+    pod: dict[str, Any], rule: RuleSet, *, trusted_images: frozenset[str] = frozenset()
+) -> list[Violation]:
+    """Every way ``pod`` breaks ``rule`` (empty: compliant), in table order."""
+    subject = Subject(pod, rule, trusted_images)
+    return [v for _ids, f in CHECKS for v in f(subject)]
