@@ -14,6 +14,7 @@ from sandman.extender.limits import (
 )
 from sandman.extender.score import CROWD_LIMIT, ScoreParams
 from sandman.quantity import parse_quantity
+from sandman.serving import add_listen_flag
 
 # A sidecar of the scheduler: only the scheduler in the same pod calls it, so
 # it listens on loopback. The port is arbitrary (unused by Kubernetes
@@ -33,7 +34,7 @@ class ExtenderConfig:
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--listen", default=f"{DEFAULT_HOST}:{DEFAULT_PORT}", help="HOST:PORT (HTTP)")
+    add_listen_flag(p, f"{DEFAULT_HOST}:{DEFAULT_PORT}", "HOST:PORT (HTTP)")
     p.add_argument(
         "--kubeconfig",
         type=Path,
@@ -66,10 +67,10 @@ def add_flags(p: argparse.ArgumentParser) -> None:
 
 
 def from_args(args: argparse.Namespace) -> ExtenderConfig:
-    host, _, port = args.listen.rpartition(":")
+    host, port = args.listen
     return ExtenderConfig(
-        host=host or DEFAULT_HOST,
-        port=int(port),
+        host=host,
+        port=port,
         kubeconfig=args.kubeconfig,
         limits=IndexLimits(
             node_status_max_images=args.node_status_max_images,

@@ -13,6 +13,7 @@ from sandman.contract import NAMESPACE, parse_duration
 from sandman.leader import LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD
 from sandman.reaper.controller import ReaperOptions
 from sandman.reaper.decide import StuckLimits
+from sandman.serving import add_listen_flag
 
 LEASE_NAME = "sandman-reaper"
 
@@ -34,7 +35,7 @@ class ReaperConfig:
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--listen", default="0.0.0.0:8080", help="HOST:PORT for /healthz, /metrics")
+    add_listen_flag(p, "0.0.0.0:8080", "HOST:PORT for /healthz, /metrics")
     p.add_argument("--kubeconfig", type=Path, default=None)
     p.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", NAMESPACE))
     p.add_argument("--identity", default=os.environ.get("POD_NAME"))
@@ -62,10 +63,10 @@ def _d(value: str) -> dt.timedelta:
 
 
 def from_args(args: argparse.Namespace) -> ReaperConfig:
-    host, _, port = args.listen.rpartition(":")
+    host, port = args.listen
     return ReaperConfig(
-        host=host or "0.0.0.0",
-        port=int(port),
+        host=host,
+        port=port,
         kubeconfig=args.kubeconfig,
         namespace=args.namespace,
         identity=args.identity or f"{socket.gethostname()}-{os.getpid()}",

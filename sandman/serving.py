@@ -3,6 +3,11 @@
 Each component (webhook, reaper, extender) builds its own app with a factory
 and hands it here to be served until SIGTERM/SIGINT, with graceful cleanup
 (the app's cleanup_ctx runs, background tasks are cancelled and awaited).
+Their ``--listen`` flag is parsed here too.
+
+prometheus-client comes with ``[server]``; it is imported where a metrics
+response is built, so that a component's CLI (flags, ``sandman extender
+where``) also runs on a core install.
 """
 
 from __future__ import annotations
@@ -12,12 +17,17 @@ import asyncio
 import signal
 import ssl
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from sandman.logs import setup_json_logging
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+Background = Callable[[], Coroutine[Any, Any, None]]
 
 
 async def serve_app(
@@ -27,8 +37,15 @@ async def serve_app(
     port: int,
     ssl_context: ssl.SSLContext | None = None,
     on_stop: Callable[[], None] | None = None,
+    background: Sequence[Background] = (),
 ) -> int:
-    """Serve ``app`` until SIGTERM or SIGINT; returns the exit code (0)."""
+    """Serve ``app`` until SIGTERM or SIGINT; returns the exit code (0).
+
+    ``background`` coroutines are process-level work (not the app's, which
+    belongs in its cleanup_ctx): each starts once the site listens, so the
+    app's cleanup_ctx has run its startup half, and is cancelled and awaited
+    at the stop signal, before ``on_stop`` and the app's cleanup.
+    """
     runner = web.AppRunner(app, handle_signals=False, access_log=None)
     await runner.setup()
     # backlog 1024: a burst of pod creates opens many connections at once.
@@ -36,11 +53,15 @@ async def serve_app(
         runner, host, port, ssl_context=ssl_context, reuse_address=True, backlog=1024
     )
     await site.start()
+    tasks = [asyncio.ensure_future(fn()) for fn in background]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
     if on_stop is not None:
         on_stop()
     await runner.cleanup()
@@ -48,9 +69,31 @@ async def serve_app(
 
 
 def metrics_response(registry: CollectorRegistry) -> web.Response:
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
     return web.Response(
         body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
     )
+
+
+def parse_listen(value: str, default_host: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` too) -> (host, port); an empty host is
+    ``default_host``. Raises ArgumentTypeError, which argparse shows as a
+    usage error naming the flag."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise argparse.ArgumentTypeError(f"wants HOST:PORT, got {value!r}")
+    return host.strip("[]") or default_host, int(port)
+
+
+def add_listen_flag(p: argparse.ArgumentParser, default: str, help: str) -> None:
+    """``--listen HOST:PORT``, parsed into ``args.listen = (host, port)``."""
+    default_host = default.rpartition(":")[0]
+
+    def listen(value: str) -> tuple[str, int]:
+        return parse_listen(value, default_host)
+
+    p.add_argument("--listen", type=listen, default=default, metavar="HOST:PORT", help=help)
 
 
 def run_main(coro_fn: Callable[[], object]) -> int:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandman.contract import NAMESPACE
+from sandman.serving import add_listen_flag
 
 SERVICE = "sandman-webhook"
 CONFIG_NAME = "sandman"  # name of both webhook configurations
@@ -59,7 +60,7 @@ class WebhookConfig:
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--listen", default="0.0.0.0:8443", help="HOST:PORT for HTTPS")
+    add_listen_flag(p, "0.0.0.0:8443", "HOST:PORT for HTTPS")
     p.add_argument(
         "--kubeconfig",
         type=Path,
@@ -89,10 +90,10 @@ def add_flags(p: argparse.ArgumentParser) -> None:
 
 
 def from_args(args: argparse.Namespace) -> WebhookConfig:
-    host, _, port = args.listen.rpartition(":")
+    host, port = args.listen
     return WebhookConfig(
-        host=host or "0.0.0.0",
-        port=int(port),
+        host=host,
+        port=port,
         kubeconfig=args.kubeconfig,
         namespace=args.namespace,
         daemon_image=args.daemon_image,
