@@ -72,17 +72,35 @@ REASON_STUCK = "StuckReclaimed"
 REASON_STUCK_REPORTED = "SandboxStuck"  # a controller-owned sandbox left to its owner
 REASON_EXITED = "Exited"
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+# ASCII digits only: \d would also take Arabic-Indic or full-width digits,
+# which no Kubernetes tool writes and a reviewer would not read as numbers.
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d)", re.ASCII)
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+# The longest duration the contract reads: ten years is far past any lease,
+# idle timeout or stuck limit, and far enough from datetime's year 9999 that
+# "now + duration" can never overflow (a bare "99999999999d" made the webhook
+# answer 500 and the reaper fail on that pod forever).
+MAX_DURATION = dt.timedelta(days=3650)
+_MAX_TEXT = "3650d"
+# Longer than any duration or timestamp written by a person or a tool.
+_MAX_LEN = 64
 
 
 class ContractError(ValueError):
     """A pod field that does not follow the contract; the message says how to fix it."""
 
 
+def _text(value: object, field: str) -> str:
+    if not isinstance(value, str):
+        raise ContractError(f"{field}: expected a string, got {type(value).__name__}")
+    if len(value) > _MAX_LEN:
+        raise ContractError(f"{field}: {value[:_MAX_LEN]!r}... is too long")
+    return value
+
+
 def parse_duration(value: str, *, field: str = "duration") -> dt.timedelta:
-    """Go-style durations: "90m", "1h30m", "45s", "2d", "1.5h". Positive only."""
-    text = value.strip()
+    """Go-style durations: "90m", "1h30m", "45s", "2d", "1.5h". Positive, at most 3650d."""
+    text = _text(value, field).strip(" ")
     pos, total = 0, 0.0
     for m in _DURATION.finditer(text):
         if m.start() != pos:
@@ -95,6 +113,8 @@ def parse_duration(value: str, *, field: str = "duration") -> dt.timedelta:
         )
     if total <= 0:
         raise ContractError(f"{field}: must be positive, got {value!r}")
+    if total > MAX_DURATION.total_seconds():
+        raise ContractError(f"{field}: {value!r} is out of range; use at most {_MAX_TEXT}")
     return dt.timedelta(seconds=total)
 
 
@@ -114,13 +134,18 @@ def format_time(t: dt.datetime) -> str:
 
 
 def parse_time(value: str, *, field: str = "time") -> dt.datetime:
+    """An RFC 3339 time with a zone, returned in UTC."""
+    text = _text(value, field)
     try:
-        t = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        t = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         raise ContractError(f"{field}: {value!r} is not an RFC 3339 time") from None
     if t.tzinfo is None:
         raise ContractError(f"{field}: {value!r} has no time zone; use ...Z")
-    return t
+    try:
+        return t.astimezone(dt.UTC)
+    except OverflowError:
+        raise ContractError(f"{field}: {value!r} is out of range") from None
 
 
 def is_sandbox(pod: dict[str, Any]) -> bool:

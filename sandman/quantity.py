@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
 _SUFFIX = {
     "n": Decimal("1e-9"),
@@ -26,12 +26,18 @@ _SUFFIX = {
 _RE = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]?)$")
 
 
+# No quantity a person or a tool writes is longer; the bound keeps a hostile
+# policy file from making us parse (and multiply) thousands of digits.
+_MAX_LEN = 64
+
+
 def parse_quantity(text: str) -> Decimal:
+    if not isinstance(text, str) or len(text) > _MAX_LEN:
+        raise ValueError(f"{str(text)[:_MAX_LEN]!r} is not a quantity (e.g. 500m, 2Gi, 1.5)")
     m = _RE.match(text.strip())
     if not m:
         raise ValueError(f"{text!r} is not a quantity (e.g. 500m, 2Gi, 1.5)")
     try:
-        number = Decimal(m.group(1))
-    except InvalidOperation:
-        raise ValueError(f"{text!r} is not a quantity") from None
-    return number * _SUFFIX[m.group(2)]
+        return Decimal(m.group(1)) * _SUFFIX[m.group(2)]
+    except ArithmeticError:  # InvalidOperation, and Overflow for "1e999999999Ki"
+        raise ValueError(f"{text!r} is not a quantity (out of range)") from None

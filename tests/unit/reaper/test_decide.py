@@ -148,3 +148,18 @@ def test_garbage_annotations_do_not_reclaim() -> None:
     p = pod(expires="not-a-time", ann={ANN_IDLE_TIMEOUT: "soon"})
     d = decide(p, T0 + dt.timedelta(days=3), LIMITS, idle_since=T0)
     assert d.reason is None and d.next_check is None
+
+
+def test_out_of_range_annotations_never_make_the_reaper_raise() -> None:
+    # "99999999999d" raised OverflowError from decide(): the reaper retried that
+    # pod forever. Out-of-range values now read as absent (the webhook refuses
+    # them at admission; the lease and the kubelet's deadline still apply).
+    for ann in (
+        {ANN_IDLE_TIMEOUT: "99999999999d"},
+        {ANN_IDLE_TIMEOUT: "1" + "0" * 400 + "s"},
+        {ANN_EXPIRES_AT: "0001-01-01T00:00:00+14:00"},
+        {ANN_EXPIRES_AT: "9999-12-31T23:59:59-14:00"},
+    ):
+        p = pod(ann=ann, expires=None)
+        d = decide(p, T0 + 10 * 365 * 24 * 3600 * S, LIMITS, idle_since=T0)
+        assert d.reason is None, ann

@@ -298,3 +298,15 @@ def test_pool_controllers_cannot_delete_a_claimed_pod_but_others_can() -> None:
         assert delete(idle, user).allowed  # scaling a pool down is fine
     assert delete(claimed, "alice").allowed  # the user (or the reaper) may release it
     assert delete(claimed, "system:serviceaccount:sandman-system:sandman-reaper").allowed
+
+
+@pytest.mark.parametrize("value", ["99999999999d", "1" + "0" * 50 + "s", "3651d"])
+def test_huge_durations_are_denied_with_a_clear_message_not_a_500(value: str) -> None:
+    p = sandbox()
+    p["metadata"]["annotations"][ANN_TTL] = value
+    out = decide_mutation(ctx(parse_policy(POLICY), {"tier": "prod"}), parse_review(review(p)))
+    assert not out.allowed and out.rule_ids == ["contract"]
+    assert "out of range; use at most 3650d" in out.message
+    c = ctx(parse_policy(POLICY), {"tier": "prod"})
+    checked = decide_validation(c, parse_review(review(p)))
+    assert not checked.allowed and checked.rule_ids == ["ttl-format"]
