@@ -43,6 +43,7 @@ from sandman.kube_async import (
     sleep_or,
 )
 from sandman.pools.claim import ClaimResult, NoIdlePod, claim, leave_pool
+from sandman.pools.decide import after_claim, keep_waiting, two_phase_claim
 from sandman.pools.health import FAILING, PoolHealth, is_expired, pool_health
 from sandman.pools.limiter import CreateLimiter
 from sandman.pools.spec import ANN_POOL_STATUS, STATE_IDLE, PoolSpec, replicaset_name
@@ -203,7 +204,8 @@ class PoolManager:
         ready_only: bool = False,
         wait_s: float = 0.0,
     ) -> ClaimResult:
-        """Claim from the cache's candidates, then decide the refill.
+        """Claim from the cache's candidates, then decide the refill
+        (``sandman.pools.decide`` makes each decision; this does the I/O).
 
         With ``wait_s``, a pool that is growing (replicas written, pods not
         seen yet) is waited on that long before NoIdlePod: its next pod is as
@@ -214,19 +216,8 @@ class PoolManager:
             raise NoIdlePod(f"pool {pool} is not (or no longer) managed here")
         deadline = time.monotonic() + wait_s
         while True:
-            # The claim meets one unit of the pool's demand. If the pool has
-            # no use for a replacement, the claim is two-phase: hold the pod,
-            # scale the pool down (the ReplicaSet's pick is the held pod, which
-            # the webhook refuses to let it delete), then leave the pool: no
-            # refill is ever created. That needs every idle pod Ready, or the
-            # ReplicaSet would pick one still starting; then it is one write
-            # and the refill is cancelled by a scale-down after the fact (the
-            # ReplicaSet has often created the replacement by then).
-            two_phase = (
-                p.target - 1 < p.replicas
-                and p.health.starting == 0
-                and p.health.failing == 0
-                and not ready_only
+            two_phase = two_phase_claim(
+                p.target, p.replicas, p.health.starting, p.health.failing, ready_only
             )
             try:
                 res = await claim(
@@ -242,24 +233,22 @@ class PoolManager:
                 break
             except NoIdlePod:
                 left = deadline - time.monotonic()
-                # Worth waiting only for pods the ReplicaSet was told to make
-                # and that are not in the cache yet; a pool that is merely
-                # wanted (its growth waiting for tokens) would make the
-                # claimer wait out the whole budget for nothing.
-                growing = p.replicas > self._idle_seen(pool)
-                if left <= 0 or not growing or pool not in self._pools:
+                if pool not in self._pools or not keep_waiting(
+                    left, p.replicas, self._idle_seen(pool)
+                ):
                     raise
                 p.changed.clear()
                 await sleep_or(p.changed, left)
         self.stats.claims += 1
         self.stats.claim_conflicts += res.conflicts
         managed = pool in self._pools  # it may have been deleted while we claimed
+        plan = after_claim(p.target, p.replicas, two_phase=two_phase)
         if managed:
-            p.target = max(0, p.target - 1)
+            p.target = plan.target
         if two_phase:
             if managed:
                 self.stats.refills_avoided += 1
-                await self._scale(pool, min(p.target, p.replicas - 1))
+                await self._scale(pool, plan.scale_to)
             try:
                 res.pod = await leave_pool(self.kube, self.namespace, res.pod)
             except ApiError as e:
@@ -269,11 +258,11 @@ class PoolManager:
             return res
         if not managed:
             return res
-        if p.target >= p.replicas and self.limiter.try_refill():
+        if plan.refill_if_token and self.limiter.try_refill():
             self.stats.refills_charged += 1
         else:
             self.stats.refills_deferred += 1
-            await self._scale(pool, min(p.target, p.replicas - 1))
+            await self._scale(pool, plan.scale_to)
         return res
 
     async def create_pod(self, body: dict[str, Any], namespace: str | None = None) -> Any:
