@@ -1,0 +1,1 @@
+"""An E2B-compatible HTTP gateway in front of Sandman sandboxes (docs/adapters.md)."""
