@@ -18,16 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandman.client import Sandbox, SandmanClient, Timings
-from sandman.client.errors import (
-    DaemonError,
-    SandboxGone,
-    SandboxStartError,
-    SandmanError,
-    TransportError,
-)
+from sandman.client.errors import SandmanError
 from sandman.contract import LABEL_RUN, LABEL_STATE, STATE_QUARANTINED, parse_duration
 from sandman.fleet import strategies
 from sandman.fleet.records import Attempt, Outcome, RolloutRecord, RunData, Source
+from sandman.fleet.retry import after_failure, infra_failure
 from sandman.fleet.reuse import ProblemState
 from sandman.fleet.spans import SpanBook
 from sandman.kube_async import MERGE_PATCH, PODS, ApiError
@@ -37,12 +32,6 @@ from sandman.pools.manager import ManagerConfig, PoolManager
 log = logging.getLogger(__name__)
 Task = Callable[[Sandbox, "Problem", int], Awaitable[float]]
 ResetFn = Callable[[Sandbox], Awaitable[Mapping[str, Any]]]
-# Start failures that every sandbox of the problem would hit: later rollouts
-# of the problem fail at once (reported, never dropped) instead of each
-# paying the same failed start.
-BROKEN_REASONS = frozenset(
-    {SandboxStartError.IMAGE_NOT_FOUND, SandboxStartError.POLICY_DENIED, SandboxStartError.INVALID}
-)
 
 
 @dataclass(frozen=True)
@@ -75,23 +64,6 @@ class FleetConfig:
         strategies.check(self.strategy, self.window)
         if self.concurrency < 1 or self.k < 1 or self.max_reuses < 1 or self.max_attempts < 1:
             raise ValueError("concurrency, k, max_reuses and max_attempts must be >= 1")
-
-
-def _infra(e: BaseException) -> tuple[str, bool] | None:
-    """(reason, retryable) if ``e`` is the infrastructure's fault, else None."""
-    if isinstance(e, SandboxStartError):
-        return e.reason, e.retryable
-    if isinstance(e, TransportError):
-        return "Unreachable", True
-    if isinstance(e, SandboxGone):
-        return "SandboxGone", True
-    if isinstance(e, DaemonError) and (e.status >= 500 or e.status == 401):
-        return f"Daemon{e.status}", True
-    if isinstance(e, ApiError):
-        return f"Api{e.status}", e.status >= 500 or e.status == 429
-    if isinstance(e, (OSError, TimeoutError)):
-        return type(e).__name__, True
-    return None
 
 
 class Fleet:
@@ -210,8 +182,7 @@ class Fleet:
             stashed = s.idle.pop() if s.idle else None
             reserved = cfg.reuse and stashed is None and s.broken is None
             if reserved:
-                s.live += 1  # one of the problem's k, for the sandbox this rollout gets
-                s.acquiring += 1
+                s.reserve()  # one of the problem's k, for the sandbox this rollout gets
             await self._plan()
             t = asyncio.create_task(self._rollout(s, r, rec, stashed, reserved))
             running.add(t)
@@ -255,21 +226,17 @@ class Fleet:
             a = Attempt(t_requested=self._now())
             rec.attempts.append(a)
             if s.broken is not None:
-                if stashed is not None:
-                    await self._drop(s, stashed)
-                elif holds:
-                    s.live -= 1
-                    s.acquiring -= 1
+                await self._give_back(s, stashed, holds)
                 a.error_reason, a.retryable = s.broken[0], False
                 rec.outcome, rec.detail = Outcome.INFRA_FAILED, f"not started: {s.broken[1]}"
-                s.unserved -= 1
+                s.gave_up()
                 return
             sb: Sandbox | None = None
             try:
                 if stashed is not None:
                     sb, a.source, stashed = stashed, Source.REUSED, None
                     sb.timings = Timings(requested=time.monotonic())
-                    s.unserved -= 1
+                    s.reused()
                 else:
                     sb, a.source = await self._acquire(s, problem)
                 holds = False  # s.live now counts the sandbox itself
@@ -285,8 +252,8 @@ class Fleet:
                     rec.reward = float(await self.task(sb, problem, r))
                     rec.outcome = Outcome.OK
                 except Exception as e:
-                    if _infra(e) is not None:
-                        s.unserved += 1
+                    if infra_failure(e) is not None:
+                        s.needs_another()
                         raise
                     rec.outcome, rec.detail = Outcome.TASK_FAILED, f"{type(e).__name__}: {e}"
                 a.t_done = self._now()
@@ -297,32 +264,35 @@ class Fleet:
             except asyncio.CancelledError:
                 raise
             except Exception as e:
-                why = _infra(e)
+                why = infra_failure(e)
                 if why is None:
                     raise
                 a.error_reason, a.retryable = why
                 a.t_done = self._now()
                 rec.detail = f"{why[0]}: {e}"
-                if sb is not None:
-                    await self._drop(s, sb)
-                elif holds:
-                    s.live -= 1
-                    s.acquiring -= 1
+                await self._give_back(s, sb, holds)
                 holds = False
-                if not a.retryable:
-                    if isinstance(e, SandboxStartError) and e.reason in BROKEN_REASONS:
-                        s.broken = (why[0], str(e))  # retrying will not make the image appear
+                step = after_failure(e, a.retryable, attempt_no, cfg.max_attempts)
+                if step.broken:
+                    s.broken = (why[0], str(e))  # retrying will not make the image appear
+                if not step.retry:
                     break
-                if attempt_no + 1 < cfg.max_attempts:
-                    self.data.counters.infra_retries += 1
-                    if cfg.reuse:
-                        s.live += 1
-                        s.acquiring += 1
-                        holds = True
+                self.data.counters.infra_retries += 1
+                if cfg.reuse:
+                    s.reserve()
+                    holds = True
                 self._changed()
         rec.outcome = Outcome.INFRA_FAILED
-        s.unserved -= 1
+        s.gave_up()
         self._changed()
+
+    async def _give_back(self, s: ProblemState, sb: Sandbox | None, holds: bool) -> None:
+        """A failed or refused rollout lets go of what it had: its sandbox, or
+        its reservation."""
+        if sb is not None:
+            await self._drop(s, sb)
+        elif holds:
+            s.unreserve()
 
     async def _acquire(self, s: ProblemState, problem: Problem) -> tuple[Sandbox, Source]:
         """A warm pod from the problem's pool if it has one, else a new pod."""
@@ -337,7 +307,7 @@ class Fleet:
             except NoIdlePod:
                 pass
             else:
-                self._served(s, -1)  # counted as soon as it is ours, not when Ready
+                self._acquired(s)  # counted as soon as it is ours, not when Ready
                 sb = Sandbox(self.client, res.pod)
                 sb.timings = Timings(requested=requested, created=time.monotonic())
                 self.spans.claimed(sb.name)
@@ -345,7 +315,7 @@ class Fleet:
                     try:
                         await sb.wait_ready(cfg.ready_timeout_s)
                     except BaseException:
-                        self._served(s, +1)
+                        self._lost(s)
                         await self._release(sb)
                         raise
                 self.spans.ready(sb.name)
@@ -356,7 +326,7 @@ class Fleet:
         async def create(body: dict[str, Any], ns: str) -> dict[str, Any]:
             pod = await self.pm.create_pod(body, ns)
             made.append(pod["metadata"]["name"])
-            self._served(s, -1)
+            self._acquired(s)
             self.spans.created(made[0], problem.id, requested - self.t0)
             return pod  # type: ignore[no-any-return]
 
@@ -371,17 +341,20 @@ class Fleet:
         except BaseException:
             if made:  # Sandbox.create deleted the pod that failed to start
                 self.spans.released(made[0])
-                self._served(s, +1)
+                self._lost(s)
             raise
         sb.timings.requested = requested
         self.spans.ready(sb.name)
         return sb, Source.CREATED
 
-    def _served(self, s: ProblemState, delta: int) -> None:
-        """A rollout's demand met (-1) or back (+1): pool targets follow at once."""
-        s.unserved += delta
-        if self.config.reuse:
-            s.acquiring -= delta  # the reservation now has its pod (or has none again)
+    def _acquired(self, s: ProblemState) -> None:
+        """A rollout's demand met: pool targets follow at once."""
+        s.acquired(self.config.reuse)
+        self._changed()
+
+    def _lost(self, s: ProblemState) -> None:
+        """A rollout's demand back (its new sandbox did not come up)."""
+        s.lost(self.config.reuse)
         self._changed()
 
     async def _after(self, s: ProblemState, sb: Sandbox) -> None:
@@ -426,8 +399,7 @@ class Fleet:
             log.warning("could not label %s quarantined: %s", sb.name, e)
 
     async def _drop(self, s: ProblemState, sb: Sandbox, *, quarantined: bool = False) -> None:
-        if self.config.reuse:
-            s.live -= 1
+        s.dropped(self.config.reuse)
         await self._release(sb, quarantined=quarantined)
         self._changed()
 

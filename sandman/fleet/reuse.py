@@ -1,10 +1,22 @@
-"""Per-problem sandbox bookkeeping: who may run now, and what can be reused.
+"""Per-problem sandbox bookkeeping: who may run now, and what can be reused (pure).
 
 Without reuse a problem may always start a rollout (it gets a fresh
 sandbox). With reuse it holds at most ``k`` sandboxes: a rollout can start
 when one of them is idle (reset and verified) or when the problem is still
 short of ``k``; otherwise the dispatcher moves on to the next problem rather
 than parking a concurrency slot on a wait.
+
+The counts change only through the named transitions below, one per event
+of a rollout's life, so that every path through the fleet moves them the
+same way (the fleet does the I/O and calls them):
+
+- dispatched for a new sandbox (reuse): ``reserve``; it gets one:
+  ``acquired`` (undone by ``lost`` if that sandbox does not come up); it
+  gives its place back without one: ``unreserve``;
+- served by an idle sandbox of the problem: ``reused``;
+- a sandbox of the problem released: ``dropped``;
+- the task hit an infrastructure error: ``needs_another``;
+- the rollout ends without a result: ``gave_up``.
 """
 
 from __future__ import annotations
@@ -39,3 +51,46 @@ class ProblemState:
             return self.unserved
         held = self.live - self.acquiring
         return max(0, min(k - held, self.unserved - len(self.idle)))
+
+    # -- transitions ---------------------------------------------------------------
+    def reserve(self) -> None:
+        """(reuse) A rollout will get a new sandbox: it counts toward ``k`` from
+        now, without a pod yet, so ``want`` keeps asking the pool for one."""
+        self.live += 1
+        self.acquiring += 1
+
+    def unreserve(self) -> None:
+        """(reuse) A reserved rollout gives its place back without a sandbox."""
+        self.live -= 1
+        self.acquiring -= 1
+
+    def acquired(self, reuse: bool) -> None:
+        """A new sandbox (claimed or created) is the rollout's: its demand is met
+        and, with reuse, its reservation has its pod."""
+        self.unserved -= 1
+        if reuse:
+            self.acquiring += 1
+
+    def lost(self, reuse: bool) -> None:
+        """The sandbox just acquired did not come up: undoes ``acquired``."""
+        self.unserved += 1
+        if reuse:
+            self.acquiring -= 1
+
+    def reused(self) -> None:
+        """An idle sandbox of the problem (reset, verified) serves the rollout."""
+        self.unserved -= 1
+
+    def dropped(self, reuse: bool) -> None:
+        """A sandbox of the problem is released (rotated, dirty, or failed)."""
+        if reuse:
+            self.live -= 1
+
+    def needs_another(self) -> None:
+        """The task hit an infrastructure error: its rollout needs a sandbox again."""
+        self.unserved += 1
+
+    def gave_up(self) -> None:
+        """The rollout ends without a result (infrastructure failure): it will
+        not need a sandbox any more."""
+        self.unserved -= 1
