@@ -13,23 +13,30 @@ format with an example.
 from __future__ import annotations
 
 import datetime as dt
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandman.contract import (
-    ANN_PROFILE,
-    ContractError,
-    annotations,
-    parse_duration,
+from sandman.contract import ANN_PROFILE, POLICY_API_VERSION, annotations
+from sandman.webhook.policy_fields import (
+    DNS_SUBDOMAIN_RE,
+    LABEL_KEY_RE,
+    LABEL_VALUE_RE,
+    NAME_RE,
+    Fields,
+    PolicyError,
+    check_str,
+    load_yaml,
 )
-from sandman.quantity import parse_quantity
 
 MODES = ("enforce", "warn", "audit")
 RESOURCE_NAMES = ("cpu", "memory", "ephemeral-storage")
-
-
-class PolicyError(ValueError):
-    """The policy file itself is invalid (the webhook keeps the last good one)."""
+SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
+TOLERATION_OPERATORS = ("Exists", "Equal")
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+CAPABILITY_RE = re.compile(r"[A-Z][A-Z0-9_]*", re.ASCII)
+SYSCTL_RE = re.compile(r"[a-z0-9_]+(\.[a-z0-9_-]+)*(\.\*)?", re.ASCII)
+__all__ = ["PolicyError"]  # re-exported: callers catch it from here
 
 
 @dataclass(frozen=True)
@@ -56,7 +63,7 @@ class RuleSet:
     name: str
     mode: str = "enforce"
     match_labels: dict[str, str] = field(default_factory=dict)
-    match_expressions: tuple[dict[str, Any], ...] = ()
+    match_expressions: tuple[tuple[str, str, tuple[str, ...]], ...] = ()  # key, op, values
     allowed_registries: tuple[str, ...] = ("*",)
     runtime_class_name: str | None = None
     allow_privileged: bool = False
@@ -79,8 +86,7 @@ class RuleSet:
     def matches(self, ns_labels: dict[str, str]) -> bool:
         if any(ns_labels.get(k) != v for k, v in self.match_labels.items()):
             return False
-        for expr in self.match_expressions:
-            key, op, values = expr["key"], expr["operator"], expr.get("values") or []
+        for key, op, values in self.match_expressions:
             if op == "In" and ns_labels.get(key) not in values:
                 return False
             if op == "NotIn" and ns_labels.get(key) in values:
@@ -107,112 +113,167 @@ DEFAULT_RULES = RuleSet(name="built-in-default")
 
 
 # -- parsing ---------------------------------------------------------------------
-def _duration(d: dict[str, Any], key: str, default: dt.timedelta | None) -> dt.timedelta | None:
-    if key not in d or d[key] is None:
-        return default
-    try:
-        return parse_duration(str(d[key]), field=key)
-    except ContractError as e:
-        raise PolicyError(str(e)) from None
+def _registry_pattern(v: str, where: str) -> str:
+    """``*`` or a glob whose registry host (before the first ``/``) is literal:
+    ``127.0.0.1:5000*`` would also match ``127.0.0.1:50001/...``."""
+    host, slash, _ = v.partition("/")
+    if v != "*" and (not slash or any(ch in host for ch in "*?[]")):
+        raise PolicyError(
+            f"{where}: {v!r} must be '*' or name a registry host then a path, "
+            "e.g. 127.0.0.1:5000/* or ghcr.io/acme/*"
+        )
+    if any(ch.isspace() for ch in v):
+        raise PolicyError(f"{where}: {v!r} contains white space")
+    return v
 
 
-def _resources(d: dict[str, Any], what: str) -> dict[str, str]:
-    out = {}
-    for k, v in (d or {}).items():
-        if k not in RESOURCE_NAMES:
-            raise PolicyError(f"{what}: unknown resource {k!r} (use {', '.join(RESOURCE_NAMES)})")
-        try:
-            parse_quantity(str(v))
-        except ValueError as e:
-            raise PolicyError(f"{what}.{k}: {e}") from None
-        out[k] = str(v)
+def _selector(f: Fields) -> tuple[dict[str, str], tuple[tuple[str, str, tuple[str, ...]], ...]]:
+    labels = f.str_map("matchLabels", key_pattern=LABEL_KEY_RE, value_pattern=LABEL_VALUE_RE)
+    exprs = []
+    for i, raw in enumerate(f.items("matchExpressions") or []):
+        e = Fields(raw, f"{f.path('matchExpressions')}[{i}]")
+        key = e.text("key", None, pattern=LABEL_KEY_RE, what="label key")
+        op = e.text("operator", None, choices=SELECTOR_OPERATORS)
+        if key is None or op is None:
+            raise PolicyError(f"{e.where}: needs a key and an operator")
+        values = e.str_list("values", pattern=LABEL_VALUE_RE, what="label value") or ()
+        if op in ("In", "NotIn") and not values:
+            raise PolicyError(f"{e.where}: operator {op} needs values")
+        if op in ("Exists", "DoesNotExist") and values:
+            raise PolicyError(f"{e.where}: operator {op} takes no values")
+        e.done()
+        exprs.append((key, op, values))
+    f.done()
+    return labels, tuple(exprs)
+
+
+def _toleration(raw: Any, where: str) -> dict[str, Any]:
+    t = Fields(raw, where)
+    out: dict[str, Any] = {}
+    for k, v in (
+        ("key", t.text("key", None, pattern=LABEL_KEY_RE, what="taint key")),
+        ("operator", t.text("operator", None, choices=TOLERATION_OPERATORS)),
+        ("value", t.text("value", None, pattern=LABEL_VALUE_RE, what="taint value")),
+        ("effect", t.text("effect", None, choices=TAINT_EFFECTS)),
+    ):
+        if v is not None:
+            out[k] = v
+    secs = t.raw("tolerationSeconds")
+    if secs is not None:
+        if isinstance(secs, bool) or not isinstance(secs, int) or not 0 <= secs < 2**31:
+            raise PolicyError(f"{t.path('tolerationSeconds')}: expected seconds, got {secs!r}")
+        out["tolerationSeconds"] = secs
+    t.done()
     return out
 
 
-def _rule(doc: dict[str, Any], index: int) -> RuleSet:
-    known = {
-        "name",
-        "mode",
-        "namespaceSelector",
-        "allowedRegistries",
-        "runtimeClassName",
-        "allowPrivileged",
-        "allowHostNamespaces",
-        "allowHostPorts",
-        "allowHostPaths",
-        "allowedCapabilities",
-        "allowServiceAccountToken",
-        "allowServiceLinks",
-        "resources",
-        "ttl",
-        "idleTimeout",
-        "profiles",
-        "defaultProfile",
-    }
-    unknown = set(doc) - known
-    name = str(doc.get("name") or f"rules[{index}]")
-    if unknown:
-        raise PolicyError(f"rule {name}: unknown field(s) {', '.join(sorted(unknown))}")
-    mode = doc.get("mode", "enforce")
-    if mode not in MODES:
-        raise PolicyError(f"rule {name}: mode must be one of {', '.join(MODES)}")
-    sel = doc.get("namespaceSelector") or {}
-    res = doc.get("resources") or {}
-    ttl = doc.get("ttl") or {}
-    idle = doc.get("idleTimeout") or {}
+def _profile(raw: Any, name: str, where: str) -> Profile:
+    p = Fields(raw, where)
+    tolerations = tuple(
+        _toleration(t, f"{p.path('tolerations')}[{i}]")
+        for i, t in enumerate(p.items("tolerations") or [])
+    )
+    prof = Profile(
+        name=name,
+        guaranteed_qos=p.flag("guaranteedQoS", False),
+        node_selector=p.str_map(
+            "nodeSelector", key_pattern=LABEL_KEY_RE, value_pattern=LABEL_VALUE_RE
+        ),
+        tolerations=tolerations,
+        reuse=p.flag("reuse", True),
+    )
+    p.done()
+    return prof
+
+
+def _rule(raw: Any, index: int) -> RuleSet:
+    f = Fields(raw, f"rules[{index}]")
+    name = f.text("name", None, pattern=NAME_RE, what="name (letters, digits, . _ -)")
+    name = name or f"rules[{index}]"
+    f.where = f"rule {name}"
+    res, ttl, idle = f.sub("resources"), f.sub("ttl"), f.sub("idleTimeout")
+    defaults = res.sub("defaults")
+    labels, exprs = _selector(f.sub("namespaceSelector"))
     profiles = {"rollout": Profile("rollout")}
-    for pname, p in (doc.get("profiles") or {}).items():
-        p = p or {}
-        profiles[pname] = Profile(
-            name=pname,
-            guaranteed_qos=bool(p.get("guaranteedQoS", False)),
-            node_selector=dict(p.get("nodeSelector") or {}),
-            tolerations=tuple(p.get("tolerations") or ()),
-            reuse=bool(p.get("reuse", True)),
+    pf = f.sub("profiles")
+    for pname in list(pf.doc):
+        check_str(pname, pf.path(pname), pattern=NAME_RE, what="profile name")
+        profiles[pname] = _profile(pf.raw(pname), pname, pf.path(pname))
+    patterns = f.str_list("allowedRegistries")
+    if patterns == ():
+        raise PolicyError(
+            f"{f.path('allowedRegistries')}: an empty list would allow no image; "
+            "omit the field to allow every registry, or list patterns"
         )
-    default_profile = doc.get("defaultProfile", "rollout")
-    if default_profile not in profiles:
-        raise PolicyError(f"rule {name}: defaultProfile {default_profile!r} is not a profile")
+    registries = tuple(
+        _registry_pattern(v, f"{f.path('allowedRegistries')}[{i}]")
+        for i, v in enumerate(patterns or ("*",))
+    )
+    caps = f.str_list("allowedCapabilities", pattern=CAPABILITY_RE, what="capability (NET_ADMIN)")
     rule = RuleSet(
         name=name,
-        mode=mode,
-        match_labels=dict(sel.get("matchLabels") or {}),
-        match_expressions=tuple(sel.get("matchExpressions") or ()),
-        allowed_registries=tuple(doc.get("allowedRegistries") or ("*",)),
-        runtime_class_name=doc.get("runtimeClassName"),
-        allow_privileged=bool(doc.get("allowPrivileged", False)),
-        allow_host_namespaces=bool(doc.get("allowHostNamespaces", False)),
-        allow_host_ports=bool(doc.get("allowHostPorts", False)),
-        allow_host_paths=bool(doc.get("allowHostPaths", False)),
-        allowed_capabilities=tuple(doc.get("allowedCapabilities") or ()),
-        allow_service_account_token=bool(doc.get("allowServiceAccountToken", False)),
-        allow_service_links=bool(doc.get("allowServiceLinks", False)),
-        default_requests=_resources((res.get("defaults") or {}).get("requests"), "requests"),
-        default_limits=_resources((res.get("defaults") or {}).get("limits"), "limits"),
-        max_resources=_resources(res.get("max"), "max"),
-        default_ttl=_duration(ttl, "default", dt.timedelta(hours=2)),  # type: ignore[arg-type]
-        max_ttl=_duration(ttl, "max", dt.timedelta(hours=24)),  # type: ignore[arg-type]
-        default_idle_timeout=_duration(idle, "default", None),
-        max_idle_timeout=_duration(idle, "max", None),
+        mode=f.text("mode", "enforce", choices=MODES) or "enforce",
+        match_labels=labels,
+        match_expressions=exprs,
+        allowed_registries=registries,
+        runtime_class_name=f.text(
+            "runtimeClassName", None, pattern=DNS_SUBDOMAIN_RE, what="RuntimeClass name"
+        ),
+        allow_privileged=f.flag("allowPrivileged", False),
+        allow_host_namespaces=f.flag("allowHostNamespaces", False),
+        allow_host_ports=f.flag("allowHostPorts", False),
+        allow_host_paths=f.flag("allowHostPaths", False),
+        allowed_capabilities=caps or (),
+        allow_service_account_token=f.flag("allowServiceAccountToken", False),
+        allow_service_links=f.flag("allowServiceLinks", False),
+        default_requests=defaults.quantities("requests", RESOURCE_NAMES),
+        default_limits=defaults.quantities("limits", RESOURCE_NAMES),
+        max_resources=res.quantities("max", RESOURCE_NAMES),
+        default_ttl=ttl.duration("default", dt.timedelta(hours=2)),  # type: ignore[arg-type]
+        max_ttl=ttl.duration("max", dt.timedelta(hours=24)),  # type: ignore[arg-type]
+        default_idle_timeout=idle.duration("default", None),
+        max_idle_timeout=idle.duration("max", None),
         profiles=profiles,
-        default_profile=default_profile,
+        default_profile=f.text("defaultProfile", "rollout") or "rollout",
     )
+    for sub in (defaults, res, ttl, idle, pf, f):
+        sub.done()
+    if rule.default_profile not in profiles:
+        raise PolicyError(f"rule {name}: defaultProfile {rule.default_profile!r} is not a profile")
     if rule.default_ttl > rule.max_ttl:
         raise PolicyError(f"rule {name}: ttl.default is above ttl.max")
+    if (
+        rule.default_idle_timeout is not None
+        and rule.max_idle_timeout is not None
+        and rule.default_idle_timeout > rule.max_idle_timeout
+    ):
+        raise PolicyError(f"rule {name}: idleTimeout.default is above idleTimeout.max")
     return rule
 
 
 def parse_policy(doc: Any) -> Policy:
+    """A policy from its parsed document; PolicyError names the field that is wrong."""
     if doc is None:
         return Policy(())
-    if not isinstance(doc, dict):
-        raise PolicyError("the policy must be a mapping with a `rules` list")
-    if doc.get("kind", "SandboxPolicy") != "SandboxPolicy":
+    top = Fields(doc, "")
+    api = top.text("apiVersion", None)
+    if api is not None and api != POLICY_API_VERSION:
+        raise PolicyError(f"apiVersion must be {POLICY_API_VERSION}, got {api!r}")
+    if top.text("kind", "SandboxPolicy") != "SandboxPolicy":
         raise PolicyError("kind must be SandboxPolicy")
-    rules = doc.get("rules") or []
-    if not isinstance(rules, list):
-        raise PolicyError("rules must be a list")
-    return Policy(tuple(_rule(r or {}, i) for i, r in enumerate(rules)))
+    top.raw("metadata")  # allowed (a name, labels), not read
+    rules = tuple(_rule(r, i) for i, r in enumerate(top.items("rules") or []))
+    top.done()
+    names = [r.name for r in rules]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise PolicyError(f"rule names must be unique (denials name them): {', '.join(dup)}")
+    return Policy(rules)
+
+
+def parse_policy_text(text: str) -> Policy:
+    """A policy from the file's text (YAML or JSON); PolicyError for anything else."""
+    return parse_policy(load_yaml(text) if text.strip() else None)
 
 
 # -- decisions -------------------------------------------------------------------

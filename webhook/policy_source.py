@@ -14,11 +14,9 @@ import hashlib
 import logging
 from pathlib import Path
 
-import yaml
-
 from sandman.informer import Informer
 from sandman.kube_async import CONFIGMAPS, KubeClient, sleep_or
-from sandman.webhook.policy import Policy, PolicyError, parse_policy
+from sandman.webhook.policy import Policy, PolicyError, parse_policy_text
 
 log = logging.getLogger("sandman.webhook")
 
@@ -45,8 +43,8 @@ class PolicySource:
             self.loaded.set()
             return False
         try:
-            policy = parse_policy(yaml.safe_load(text) if text.strip() else None)
-        except (PolicyError, yaml.YAMLError) as e:
+            policy = parse_policy_text(text)
+        except PolicyError as e:
             self.errors += 1
             log.error("policy from %s rejected, keeping the previous one: %s", origin, e)
             return False
