@@ -69,13 +69,13 @@ class ProblemState:
         and, with reuse, its reservation has its pod."""
         self.unserved -= 1
         if reuse:
-            self.acquiring += 1
+            self.acquiring -= 1
 
     def lost(self, reuse: bool) -> None:
         """The sandbox just acquired did not come up: undoes ``acquired``."""
         self.unserved += 1
         if reuse:
-            self.acquiring -= 1
+            self.acquiring += 1
 
     def reused(self) -> None:
         """An idle sandbox of the problem (reset, verified) serves the rollout."""
