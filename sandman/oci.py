@@ -1,0 +1,254 @@
+"""OCI image content, pure: references, platforms, indexes, image configs.
+
+The parts of the distribution and image specs that need no network, so that
+the registry client (``sandman.registry``) stays I/O and these stay testable
+one by one. Exceptions (all ``RegistryError``; the client raises the rest)::
+
+    RegistryError
+    ├── InvalidReference      the string is no image reference (also a ValueError)
+    ├── RegistryUnreachable   connect/DNS/TLS failure, no answer in time, 429 or 5xx
+    ├── Unauthorized          401/403 with the credentials we had (or without any)
+    ├── ImageNotFound         404 for the manifest or the config blob
+    ├── NoMatchingPlatform    an index without the wanted platform
+    └── BadManifest           unsupported or malformed content, digest mismatch, too large
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+INDEX_TYPES = (OCI_INDEX, DOCKER_LIST)
+MANIFEST_TYPES = (OCI_MANIFEST, DOCKER_MANIFEST)
+ACCEPT = ", ".join((*INDEX_TYPES, *MANIFEST_TYPES))
+
+DOCKER_HUB = "docker.io"
+DOCKER_HUB_API = "registry-1.docker.io"
+
+# The grammar of github.com/distribution/reference (what containerd and the
+# kubelet parse with), anchored.
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|[-]+)[a-z0-9]+)*"
+_PATH = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
+_LABEL = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_DOMAIN = re.compile(rf"^(?:{_LABEL}(?:\.{_LABEL})*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?$")
+_TAG = re.compile(r"^[\w][\w.-]{0,127}$")
+DIGEST_RE = re.compile(r"^sha256:[a-f0-9]{64}$")
+
+
+class RegistryError(Exception):
+    """Base class; ``retryable`` says whether the same call may succeed later."""
+
+    retryable = False
+
+
+class InvalidReference(RegistryError, ValueError):
+    pass
+
+
+class RegistryUnreachable(RegistryError):
+    retryable = True
+
+
+class Unauthorized(RegistryError):
+    pass
+
+
+class ImageNotFound(RegistryError):
+    pass
+
+
+class NoMatchingPlatform(RegistryError):
+    pass
+
+
+class BadManifest(RegistryError):
+    pass
+
+
+# -- references ------------------------------------------------------------------
+@dataclass(frozen=True)
+class Reference:
+    """A normalised reference: ``domain/path[:tag][@digest]`` (docker.io/library/... filled in)."""
+
+    domain: str
+    path: str
+    tag: str | None = None
+    digest: str | None = None
+
+    @classmethod
+    def parse(cls, ref: str) -> Reference:
+        text = ref.strip()
+        if not text:
+            raise InvalidReference("empty image reference")
+        name, at, digest = text.partition("@")
+        if at and not DIGEST_RE.match(digest):
+            raise InvalidReference(f"{ref!r}: bad digest {digest!r} (sha256:<64 hex>)")
+        first, sep, rest = name.partition("/")
+        if sep and (
+            any(c in first for c in ".:") or first == "localhost" or first != first.lower()
+        ):
+            domain, remainder = first, rest
+        else:
+            domain, remainder = DOCKER_HUB, name
+        if domain == "index.docker.io":
+            domain = DOCKER_HUB
+        if domain == DOCKER_HUB and "/" not in remainder:
+            remainder = "library/" + remainder
+        path, tag = remainder, None
+        colon = remainder.rfind(":")
+        if colon > remainder.rfind("/"):
+            path, tag = remainder[:colon], remainder[colon + 1 :]
+            if not _TAG.match(tag):
+                raise InvalidReference(f"{ref!r}: bad tag {tag!r}")
+        if not _DOMAIN.match(domain):
+            raise InvalidReference(f"{ref!r}: bad registry {domain!r}")
+        if not _PATH.match(path):
+            raise InvalidReference(f"{ref!r}: bad repository {path!r} (lowercase, [a-z0-9._-/])")
+        return cls(domain, path, tag, digest or None)
+
+    @property
+    def name(self) -> str:
+        return f"{self.domain}/{self.path}"
+
+    @property
+    def manifest_ref(self) -> str:
+        """What goes after ``/manifests/``: the digest when pinned, else the tag."""
+        return self.digest or self.tag or "latest"
+
+    @property
+    def api_host(self) -> str:
+        return DOCKER_HUB_API if self.domain == DOCKER_HUB else self.domain
+
+    def with_digest(self, digest: str) -> Reference:
+        return Reference(self.domain, self.path, self.tag, digest)
+
+    def __str__(self) -> str:
+        out = self.name
+        if self.tag:
+            out += f":{self.tag}"
+        if self.digest:
+            out += f"@{self.digest}"
+        return out
+
+
+def plain_http(host: str, insecure: Iterable[str] = ()) -> bool:
+    """Whether to talk HTTP: loopback and ``localhost`` (as docker and containerd
+    default to), and the hosts an admin listed; everything else is HTTPS."""
+    if host in insecure:
+        return True
+    name = host.rsplit(":", 1)[0] if not host.startswith("[") else host[1:].split("]")[0]
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+# -- content ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class Platform:
+    os: str = "linux"
+    architecture: str = "amd64"
+    variant: str | None = None
+
+    def __str__(self) -> str:
+        return "/".join(p for p in (self.os, self.architecture, self.variant) if p)
+
+
+LINUX_AMD64 = Platform()
+
+
+def select_manifest(index: dict[str, Any], platform: Platform = LINUX_AMD64) -> dict[str, Any]:
+    """The descriptor of ``platform`` in an image index (pure).
+
+    An exact variant wins; otherwise the first entry of the right OS and
+    architecture (amd64 images rarely set a variant; containerd's matcher
+    does the same). Attestation manifests (``unknown/unknown``) never match.
+    """
+    entries = [m for m in index.get("manifests") or [] if isinstance(m, dict)]
+    candidates = []
+    for m in entries:
+        p = m.get("platform") or {}
+        if p.get("os") == platform.os and p.get("architecture") == platform.architecture:
+            candidates.append(m)
+    if platform.variant:
+        exact = [
+            m for m in candidates if (m.get("platform") or {}).get("variant") == platform.variant
+        ]
+        candidates = exact or candidates
+    if not candidates:
+        have = sorted(
+            {
+                "/".join(
+                    x
+                    for x in ((m.get("platform") or {}).get(k) for k in ("os", "architecture"))
+                    if x
+                )
+                or "?"
+                for m in entries
+            }
+        )
+        raise NoMatchingPlatform(
+            f"the index has no {platform} image (has: {', '.join(have) or 'none'})"
+        )
+    return candidates[0]
+
+
+@dataclass(frozen=True)
+class ImageConfig:
+    """What an image's config says about how it runs (None: not set in the image)."""
+
+    entrypoint: tuple[str, ...] | None = None
+    cmd: tuple[str, ...] | None = None
+    working_dir: str = ""
+    user: str = ""
+    env: tuple[str, ...] = ()
+    os: str = ""
+    architecture: str = ""
+
+    @classmethod
+    def from_blob(cls, doc: Any) -> ImageConfig:
+        if not isinstance(doc, dict):
+            raise BadManifest("the image config is not a JSON object")
+        c = doc.get("config") or {}
+        if not isinstance(c, dict):
+            raise BadManifest("the image config's `config` is not an object")
+
+        def argv(key: str) -> tuple[str, ...] | None:
+            v = c.get(key)
+            if v is None:
+                return None
+            if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+                raise BadManifest(f"the image config's {key} is not a list of strings")
+            return tuple(v)
+
+        return cls(
+            entrypoint=argv("Entrypoint"),
+            cmd=argv("Cmd"),
+            working_dir=str(c.get("WorkingDir") or ""),
+            user=str(c.get("User") or ""),
+            env=argv("Env") or (),
+            os=str(doc.get("os") or ""),
+            architecture=str(doc.get("architecture") or ""),
+        )
+
+
+@dataclass(frozen=True)
+class ResolvedImage:
+    reference: Reference
+    digest: str  # what the reference names now (an index's digest for multi-arch images)
+    manifest_digest: str  # the platform's image manifest
+    config: ImageConfig
+
+
+def sha256_digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
