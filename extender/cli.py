@@ -10,6 +10,7 @@ import urllib.parse
 import urllib.request
 
 from sandman.extender import config as cfg
+from sandman.serving import component_main
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -61,8 +62,4 @@ def _where(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="sandman-extender")
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    add_parser(sub)
-    args = parser.parse_args(["extender", *(argv if argv is not None else sys.argv[1:])])
-    return int(args.func(args))
+    return component_main("sandman-extender", "extender", add_parser, argv)

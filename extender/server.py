@@ -17,14 +17,12 @@ import asyncio
 import gc
 import json
 import logging
-import signal
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from sandman.extender import __version__
 from sandman.extender.config import ExtenderConfig
@@ -34,6 +32,7 @@ from sandman.extender.observe import node_report, pod_report
 from sandman.extender.wire import ArgsError, parse_args, prioritize_pod, where_body
 from sandman.informer import Informer
 from sandman.kube_async import NODES, PODS, KubeClient
+from sandman.serving import metrics_response, run_main, serve_app
 
 log = logging.getLogger("sandman.extender")
 
@@ -147,9 +146,7 @@ async def readyz(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     st = request.app[STATE]
     st.metrics.refresh(st.index.stats())
-    return web.Response(
-        body=generate_latest(st.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
-    )
+    return metrics_response(st.metrics.registry)
 
 
 def create_app(
@@ -200,21 +197,15 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
 async def _serve(config: ExtenderConfig) -> int:
     client = KubeClient.from_kubeconfig(config.kubeconfig, user_agent="sandman-extender")
     app = create_app(config, client)
-    runner = web.AppRunner(app, handle_signals=False, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port, reuse_address=True, backlog=1024)
-    await site.start()
+    st = app[STATE]
     log.info("extender serving on http://%s:%d (version %s)", config.host, config.port, __version__)
-    freezer = asyncio.ensure_future(_freeze_when_synced(app[STATE]))
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    freezer.cancel()
-    app[STATE].stop.set()
-    await runner.cleanup()
-    return 0
+    return await serve_app(
+        app,
+        host=config.host,
+        port=config.port,
+        on_stop=st.stop.set,
+        background=[lambda: _freeze_when_synced(st)],
+    )
 
 
 async def _freeze_when_synced(st: ExtenderState) -> None:
@@ -237,7 +228,4 @@ async def _freeze_when_synced(st: ExtenderState) -> None:
 
 
 def serve(config: ExtenderConfig) -> int:
-    from sandman.logs import setup_json_logging
-
-    setup_json_logging()
-    return asyncio.run(_serve(config))
+    return run_main(lambda: _serve(config))
