@@ -16,7 +16,6 @@ import shutil
 import ssl
 import sys
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,26 +43,13 @@ from sandman.harness.cluster.process import (
 )
 from sandman.harness.images.build import ImageBuilder, image_ref
 from sandman.harness.kube import api_client, raw
+from sandman.harness.probes import http_ok, insecure_context
 
 Progress = Callable[[str], None]
 
 
 def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def _insecure_ctx() -> ssl.SSLContext:
-    # Controller-manager and scheduler serve health on self-signed loopback
-    # certificates they generate at start; only reachability is checked.
-    ctx = ssl.create_default_context()
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_NONE
-    return ctx
-
-
-def _http_ok(url: str, ctx: ssl.SSLContext | None = None, timeout: float = 2.0) -> bool:
-    with urllib.request.urlopen(url, context=ctx, timeout=timeout) as resp:
-        return resp.status == 200
 
 
 @dataclass(frozen=True)
@@ -213,17 +199,21 @@ class LocalCluster:
     def _health_checks(self) -> dict[str, Callable[[], bool]]:
         ports = self.config.ports
         api_ctx = ssl.create_default_context(cafile=str(self.layout.pki.ca))
-        ins = _insecure_ctx()
+        # Controller-manager and scheduler serve health on self-signed loopback
+        # certificates they generate at start; only reachability is checked.
+        ins = insecure_context()
         checks: dict[str, Callable[[], bool]] = {
-            "etcd": lambda: _http_ok(f"http://127.0.0.1:{ports.etcd_client}/health"),
-            "kube-apiserver": lambda: _http_ok(f"{self.server}/readyz", api_ctx),
-            "kube-controller-manager": lambda: _http_ok(
-                f"https://127.0.0.1:{ports.controller_manager}/healthz", ins
+            "etcd": lambda: http_ok(f"http://127.0.0.1:{ports.etcd_client}/health"),
+            "kube-apiserver": lambda: http_ok(f"{self.server}/readyz", context=api_ctx),
+            "kube-controller-manager": lambda: http_ok(
+                f"https://127.0.0.1:{ports.controller_manager}/healthz", context=ins
             ),
-            "kwok": lambda: _http_ok(f"http://127.0.0.1:{ports.kwok}/healthz"),
+            "kwok": lambda: http_ok(f"http://127.0.0.1:{ports.kwok}/healthz"),
         }
         for proc, port in self._schedulers():
-            checks[proc.name] = lambda port=port: _http_ok(f"https://127.0.0.1:{port}/healthz", ins)
+            checks[proc.name] = lambda port=port: http_ok(
+                f"https://127.0.0.1:{port}/healthz", context=ins
+            )
         if self.real_node:
             checks.update(self.real_node.health_checks())
         if self.config.deploy_sandman:

@@ -16,7 +16,6 @@ import ipaddress
 import socket
 import subprocess
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from sandman.harness.cluster.process import ComponentFailed, ManagedProcess, wai
 from sandman.harness.images.build import ImageBuilder
 from sandman.harness.images.registry import Registry
 from sandman.harness.kube import api_client, raw
+from sandman.harness.probes import http_ok
 
 Progress = Callable[[str], None]
 
@@ -42,11 +42,6 @@ def _socket_accepts(path: Path) -> bool:
         s.settimeout(1)
         s.connect(str(path))
     return True
-
-
-def _http_ok(url: str) -> bool:
-    with urllib.request.urlopen(url, timeout=2) as resp:
-        return resp.status == 200
 
 
 class RealNode:
@@ -84,14 +79,14 @@ class RealNode:
 
     def health_checks(self) -> dict[str, Callable[[], bool]]:
         return {
-            "registry": lambda: _http_ok(f"http://{self.node.registry}/v2/"),
+            "registry": lambda: http_ok(f"http://{self.node.registry}/v2/"),
             # The socket accepts before the CRI plugin has initialised (slow
             # with much state to load); a kubelet started then exits with
             # "server is not initialized yet". Ready = answers a CRI call.
             "containerd": lambda: (
                 _socket_accepts(self.lay.containerd_socket) and self._cri_answers()
             ),
-            "kubelet": lambda: _http_ok(
+            "kubelet": lambda: http_ok(
                 f"http://127.0.0.1:{self.node.kubelet_healthz_port}/healthz"
             ),
         }
