@@ -18,11 +18,11 @@ import contextlib
 import datetime as dt
 import json
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
 import uuid
+from pathlib import Path
 from typing import Any
 
 from kubernetes import watch
@@ -30,6 +30,7 @@ from kubernetes.client import CoreV1Api
 
 from sandman.bench.report import percentile, table
 from sandman.contract import ANN_EXPIRES_AT, ANN_TTL, LABEL_SANDBOX
+from sandman.harness.cluster import reaper as reaper_proc
 from sandman.harness.cluster.config import KwokNodeShape
 from sandman.harness.cluster.kwok_nodes import KWOK_IMAGE, KWOK_TOLERATION, kwok_node
 from sandman.harness.kube import api_client
@@ -66,7 +67,7 @@ def _pod(name: str, node: str, ttl_s: int | None, labeled: bool) -> dict[str, An
 
 
 def _metrics(port: int) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+    with urllib.request.urlopen(reaper_proc.url(port, "/metrics"), timeout=5) as r:
         text = r.read().decode()
     out: dict[str, float] = {}
     for line in text.splitlines():
@@ -76,150 +77,154 @@ def _metrics(port: int) -> dict[str, float]:
     return out
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    bed = bench_bed(need_real_node=False)
-    cluster = bed.cluster
-    core = CoreV1Api(api_client(cluster.kubeconfig))
-    ns = f"bench-reaper-{uuid.uuid4().hex[:6]}"
-    nodes = [f"bench-reaper-{ns[-6:]}-{i}" for i in range(args.nodes)]
-    per_node = args.sandboxes // args.nodes + args.bystanders
-    shape = KwokNodeShape(cpu="1000", memory="4Ti", pods=per_node + 100)
-    reaper = None
-    try:
-        core.create_namespace({"metadata": {"name": ns}})
-        for n in nodes:
-            core.create_node(kwok_node(n, shape, labels={"bench": "reaper"}))
-        gone_at: dict[str, float] = {}
-        expires: dict[str, dt.datetime] = {}
-        stop = threading.Event()
-        w = watch.Watch()
+class DeletionWatch:
+    """Records when each bench pod disappears, from a watch in a thread.
 
-        def watcher() -> None:
-            # Resumes from the last resourceVersion whenever the stream breaks
-            # (a long watch over 10k deletions will be cut at some point);
-            # after a 410 it relists and counts what vanished meanwhile.
-            rv = ""
-            seen: set[str] = set()
-            while not stop.is_set():
-                try:
-                    if not rv:
-                        lst = core.list_namespaced_pod(ns, label_selector="bench=reaper")
-                        names = {p.metadata.name for p in lst.items}
-                        for gone in seen - names:
-                            gone_at.setdefault(gone, time.time())
-                        seen |= names
-                        rv = lst.metadata.resource_version
-                    for ev in w.stream(
-                        core.list_namespaced_pod,
-                        ns,
-                        resource_version=rv,
-                        label_selector="bench=reaper",
-                        timeout_seconds=120,
-                    ):
-                        rv = ev["object"].metadata.resource_version
-                        name = ev["object"].metadata.name
-                        if ev["type"] == "DELETED":
-                            gone_at.setdefault(name, time.time())
-                        else:
-                            seen.add(name)
-                        if stop.is_set():
-                            return
-                except Exception as e:
-                    if "410" in str(e) or "Expired" in str(e):
-                        rv = ""
-                    time.sleep(0.2)
+    Resumes from the last resourceVersion whenever the stream breaks (a long
+    watch over 10k deletions will be cut at some point); after a 410 it
+    relists and counts what vanished meanwhile. ``listed`` is set once the
+    first list is in, so nothing created afterwards can be missed.
+    """
 
-        threading.Thread(target=watcher, daemon=True).start()
-        time.sleep(0.5)
-        # The reaper runs throughout, as in production. Sandboxes are created
-        # with a long lease; then, in deadline order, each lease is moved to its
-        # slot in [start, start + window]: patches outpace the deadlines, so no
-        # lease ends before the reaper could know it.
-        port = free_port()
-        reaper = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "sandman.reaper",
-                "serve",
-                f"--listen=127.0.0.1:{port}",
-                f"--kubeconfig={cluster.kubeconfig}",
-                f"--watch-namespace={ns}",
-                "--no-leader-elect",
-                f"--delete-qps={args.delete_qps}",
-                "--workers=16",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        names = [f"sb-{i}" for i in range(args.sandboxes)]
-        far = [(f"keep-{i}", nodes[i % len(nodes)]) for i in range(args.bystanders)]
-        plain = [(f"plain-{i}", nodes[i % len(nodes)]) for i in range(args.bystanders)]
-        t0 = time.time()
-        with cf.ThreadPoolExecutor(args.concurrency) as pool:
-            list(
-                pool.map(
-                    lambda i: core.create_namespaced_pod(
-                        ns, _pod(names[i], nodes[i % len(nodes)], 3600, True)
-                    ),
-                    range(args.sandboxes),
-                )
-            )
-            list(
-                pool.map(
-                    lambda it: core.create_namespaced_pod(ns, _pod(it[0], it[1], 6 * 3600, True)),
-                    far,
-                )
-            )
-            list(
-                pool.map(
-                    lambda it: core.create_namespaced_pod(ns, _pod(it[0], it[1], None, False)),
-                    plain,
-                )
-            )
-        created_in = time.time() - t0
-        start = time.time() + 20
-        plan = [(n, start + args.window * i / args.sandboxes) for i, n in enumerate(names)]
+    def __init__(self, core: CoreV1Api, ns: str) -> None:
+        self.core, self.ns = core, ns
+        self.gone_at: dict[str, float] = {}
+        self.listed = threading.Event()
+        self.stop = threading.Event()
+        self._watch = watch.Watch()
 
-        def set_lease(item: tuple[str, float]) -> None:
-            name, end = item
-            when = dt.datetime.fromtimestamp(int(end) + 1, dt.UTC)  # second precision
-            expires[name] = when
-            core.patch_namespaced_pod(
-                name,
-                ns,
-                {
-                    "metadata": {
-                        "annotations": {ANN_EXPIRES_AT: when.strftime("%Y-%m-%dT%H:%M:%SZ")}
-                    }
-                },
-            )
+    def start(self) -> None:
+        threading.Thread(target=self._run, daemon=True).start()
 
-        with cf.ThreadPoolExecutor(8) as pool:
-            list(pool.map(set_lease, plan))
-        last = max(e for _, e in plan)
-        wait_for(
-            lambda: len([n for n in list(gone_at) if n.startswith("sb-")]) >= args.sandboxes,
-            timeout=max(60.0, last - time.time() + 120),
-            what="every sandbox reclaimed",
-        )
-        time.sleep(2)
-        m = _metrics(port)
-        stop.set()
-    finally:
-        if reaper is not None:
-            reaper.terminate()
+    def gone(self, prefix: str) -> int:
+        return sum(1 for n in list(self.gone_at) if n.startswith(prefix))
+
+    def _run(self) -> None:
+        rv = ""
+        seen: set[str] = set()
+        while not self.stop.is_set():
             try:
-                reaper.wait(15)
-            except subprocess.TimeoutExpired:
-                reaper.kill()
-                reaper.wait()
-        core.delete_namespace(ns)
-        for n in nodes:
-            with contextlib.suppress(Exception):
-                core.delete_node(n)
-        bed.close()
-    lat = [gone_at[n] - expires[n].timestamp() for n in expires if n in gone_at]
+                if not rv:
+                    lst = self.core.list_namespaced_pod(self.ns, label_selector="bench=reaper")
+                    names = {p.metadata.name for p in lst.items}
+                    for gone in seen - names:
+                        self.gone_at.setdefault(gone, time.time())
+                    seen |= names
+                    rv = lst.metadata.resource_version
+                    self.listed.set()
+                for ev in self._watch.stream(
+                    self.core.list_namespaced_pod,
+                    self.ns,
+                    resource_version=rv,
+                    label_selector="bench=reaper",
+                    timeout_seconds=120,
+                ):
+                    rv = ev["object"].metadata.resource_version
+                    name = ev["object"].metadata.name
+                    if ev["type"] == "DELETED":
+                        self.gone_at.setdefault(name, time.time())
+                    else:
+                        seen.add(name)
+                    if self.stop.is_set():
+                        return
+            except Exception as e:
+                if "410" in str(e) or "Expired" in str(e):
+                    rv = ""
+                time.sleep(0.2)
+
+
+def _start_reaper(kubeconfig: Path, ns: str, port: int, delete_qps: float) -> subprocess.Popen:
+    extra = [f"--watch-namespace={ns}", "--no-leader-elect", f"--delete-qps={delete_qps}"]
+    return subprocess.Popen(
+        reaper_proc.serve_argv(port, kubeconfig, extra=[*extra, "--workers=16"]),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def _stop_reaper(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _create_pods(core: CoreV1Api, ns: str, nodes: list[str], args: argparse.Namespace) -> list[str]:
+    """The sandboxes (a long lease for now) and both kinds of bystanders."""
+    names = [f"sb-{i}" for i in range(args.sandboxes)]
+    far = [(f"keep-{i}", nodes[i % len(nodes)]) for i in range(args.bystanders)]
+    plain = [(f"plain-{i}", nodes[i % len(nodes)]) for i in range(args.bystanders)]
+    with cf.ThreadPoolExecutor(args.concurrency) as pool:
+        list(
+            pool.map(
+                lambda i: core.create_namespaced_pod(
+                    ns, _pod(names[i], nodes[i % len(nodes)], 3600, True)
+                ),
+                range(args.sandboxes),
+            )
+        )
+        list(
+            pool.map(
+                lambda it: core.create_namespaced_pod(ns, _pod(it[0], it[1], 6 * 3600, True)),
+                far,
+            )
+        )
+        list(
+            pool.map(
+                lambda it: core.create_namespaced_pod(ns, _pod(it[0], it[1], None, False)),
+                plain,
+            )
+        )
+    return names
+
+
+def _set_leases(
+    core: CoreV1Api, ns: str, names: list[str], window: float
+) -> dict[str, dt.datetime]:
+    """Move each lease, in deadline order, to its slot in [start, start + window]:
+    patches outpace the deadlines, so no lease ends before the reaper could know it."""
+    start = time.time() + 20
+    plan = [(n, start + window * i / len(names)) for i, n in enumerate(names)]
+    expires: dict[str, dt.datetime] = {}
+
+    def set_lease(item: tuple[str, float]) -> None:
+        name, end = item
+        when = dt.datetime.fromtimestamp(int(end) + 1, dt.UTC)  # second precision
+        expires[name] = when
+        patch = {"metadata": {"annotations": {ANN_EXPIRES_AT: when.strftime("%Y-%m-%dT%H:%M:%SZ")}}}
+        core.patch_namespaced_pod(name, ns, patch)
+
+    with cf.ThreadPoolExecutor(8) as pool:
+        list(pool.map(set_lease, plan))
+    return expires
+
+
+def _counted(port: int, sandboxes: int) -> dict[str, float] | None:
+    """The reaper's metrics once it has counted every reclaim (the watch may see
+    a deletion before the reaper's delete call has returned)."""
+    m = _metrics(port)
+    reclaimed = sum(
+        v
+        for k, v in m.items()
+        if k.startswith("sandman_reaper_reclaimed_total{") and 'dry_run="false"' in k
+    )
+    return m if reclaimed >= sandboxes else None
+
+
+def _latencies(gone_at: dict[str, float], expires: dict[str, dt.datetime]) -> list[float]:
+    return [gone_at[n] - expires[n].timestamp() for n in expires if n in gone_at]
+
+
+def summarize(
+    args: argparse.Namespace,
+    gone_at: dict[str, float],
+    expires: dict[str, dt.datetime],
+    m: dict[str, float],
+    created_in: float,
+) -> dict[str, Any]:
+    lat = _latencies(gone_at, expires)
     wrong = [n for n in gone_at if n.startswith(("keep-", "plain-"))]
     early = [n for n in expires if n in gone_at and gone_at[n] < expires[n].timestamp() - 1]
     requests = sum(
@@ -227,7 +232,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for k, v in m.items()
         if k.startswith("sandman_reaper_api_requests{") and 'verb="WATCH"' not in k
     )
-    results = {
+    return {
         "sandboxes": args.sandboxes,
         "window_s": args.window,
         "created_in_s": created_in,
@@ -247,6 +252,49 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ),
         "delete_qps": args.delete_qps,
     }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    bed = bench_bed(need_real_node=False)
+    cluster = bed.cluster
+    core = CoreV1Api(api_client(cluster.kubeconfig))
+    ns = f"bench-reaper-{uuid.uuid4().hex[:6]}"
+    nodes = [f"bench-reaper-{ns[-6:]}-{i}" for i in range(args.nodes)]
+    per_node = args.sandboxes // args.nodes + args.bystanders
+    shape = KwokNodeShape(cpu="1000", memory="4Ti", pods=per_node + 100)
+    reaper = None
+    deletions = DeletionWatch(core, ns)
+    try:
+        core.create_namespace({"metadata": {"name": ns}})
+        for n in nodes:
+            core.create_node(kwok_node(n, shape, labels={"bench": "reaper"}))
+        deletions.start()
+        deletions.listed.wait(60)
+        # The reaper runs throughout, as in production.
+        port = free_port()
+        reaper = _start_reaper(cluster.kubeconfig, ns, port, args.delete_qps)
+        t0 = time.time()
+        names = _create_pods(core, ns, nodes, args)
+        created_in = time.time() - t0
+        expires = _set_leases(core, ns, names, args.window)
+        last = max(e.timestamp() for e in expires.values())
+        wait_for(
+            lambda: deletions.gone("sb-") >= args.sandboxes,
+            timeout=max(60.0, last - time.time() + 120),
+            what="every sandbox reclaimed",
+        )
+        m = wait_for(lambda: _counted(port, args.sandboxes), timeout=30, what="reaper metrics")
+    finally:
+        deletions.stop.set()
+        if reaper is not None:
+            _stop_reaper(reaper)
+        core.delete_namespace(ns)
+        for n in nodes:
+            with contextlib.suppress(Exception):
+                core.delete_node(n)
+        bed.close()
+    results = summarize(args, deletions.gone_at, expires, m, created_in)
+    late = sum(1 for x in _latencies(deletions.gone_at, expires) if x > 2)
     print(table("reaper", list(results.items())))
-    print(json.dumps({"late_over_2s": sum(1 for x in lat if x > 2)}))
+    print(json.dumps({"late_over_2s": late}))
     return results

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import json
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -17,9 +16,11 @@ from kubernetes.client.exceptions import ApiException
 
 from sandman import tokens
 from sandman.contract import ANN_IDLE_TIMEOUT, LABEL_ID, LABEL_SANDBOX
+from sandman.harness.cluster import reaper as reaper_proc
 from sandman.harness.cluster.local import LocalCluster
 from sandman.harness.cluster.node import RealNode
 from sandman.harness.kube import raw
+from sandman.harness.probes import http_ok
 from sandman.harness.testing import free_port, wait_for, wait_ready
 
 
@@ -28,26 +29,16 @@ def reaper(cluster: LocalCluster, namespace: str, real_node: RealNode) -> Iterat
     # The cluster key lives in sandman-system (the webhook created it); the
     # reaper needs it to derive daemon tokens for its idle polls.
     port = free_port()
+    extra = [f"--watch-namespace={namespace}", "--no-leader-elect", "--stuck-failing=5s"]
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "sandman.reaper",
-            "serve",
-            f"--listen=127.0.0.1:{port}",
-            f"--kubeconfig={cluster.kubeconfig}",
-            f"--watch-namespace={namespace}",
-            "--no-leader-elect",
-            "--stuck-failing=5s",
-        ],
+        reaper_proc.serve_argv(port, cluster.kubeconfig, extra=extra),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
 
     def ready() -> bool:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
-                return r.status == 200
+            return http_ok(reaper_proc.url(port, "/readyz"))
         except OSError:
             return False
 
