@@ -22,6 +22,7 @@ ANN_CONTAINER = PREFIX + "container"  # which container gets the daemon
 ANN_PROFILE = PREFIX + "profile"  # policy profile, e.g. "eval", "rollout"
 ANN_TOKEN_SHA256 = PREFIX + "token-sha256"  # client-chosen token hash (hex)
 ANN_WORKSPACE = PREFIX + "workspace"  # git checkout /v1/reset restores
+ANN_EXIT_WITH_COMMAND = PREFIX + "exit-with-command"  # "true": the pod ends with its command
 
 # -- outputs the system writes --------------------------------------------------------
 ANN_INJECTED = PREFIX + "injected"  # daemon version; the idempotency marker

@@ -10,12 +10,11 @@ asks for (id, lease, scheduler, no service-account token) is added here too.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from sandman.contract import (
-    ANN_CONTAINER,
     ANN_EXPIRES_AT,
     ANN_IDLE_TIMEOUT,
     ANN_INJECTED,
@@ -42,6 +41,15 @@ from sandman.contract import (
 from sandman.kube_async import escape_pointer
 from sandman.quantity import parse_quantity
 from sandman.webhook.policy import RuleSet, profile_of
+from sandman.webhook.rewrite import (
+    ImageFacts,
+    RewriteError,
+    command_for,
+    exits_with_command,
+    readiness,
+    scheduler_for,
+)
+from sandman.webhook.rewrite import target_index as _target
 
 VOLUME = DAEMON_VOLUME
 INIT_CONTAINER = DAEMON_INIT_CONTAINER
@@ -54,7 +62,14 @@ INIT_RESOURCES = {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memo
 
 
 class MutationError(ValueError):
-    """The pod breaks the contract in a way injection cannot fix (a denial)."""
+    """The pod breaks the contract in a way injection cannot fix (a denial).
+
+    ``rule`` is the id the denial is counted and named under.
+    """
+
+    def __init__(self, message: str, rule: str = "contract") -> None:
+        super().__init__(message)
+        self.rule = rule
 
 
 @dataclass(frozen=True)
@@ -71,6 +86,7 @@ class Mutation:
     patch: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     sandbox_id: str | None = None
+    image_digest: str = ""  # the image whose ENTRYPOINT/CMD the command came from
 
     def op(self, op: str, path: str, value: Any = None) -> None:
         entry: dict[str, Any] = {"op": op, "path": path}
@@ -98,17 +114,11 @@ def _append(m: Mutation, path: str, current: list[Any] | None, item: Any) -> Non
 
 
 def target_index(pod: dict[str, Any]) -> int:
-    containers = (pod.get("spec") or {}).get("containers") or []
-    if not containers:
-        raise MutationError("the pod has no containers")
-    wanted = annotations(pod).get(ANN_CONTAINER)
-    if wanted is None:
-        return 0
-    for i, c in enumerate(containers):
-        if c.get("name") == wanted:
-            return i
-    names = [c.get("name") for c in containers]
-    raise MutationError(f"annotation {ANN_CONTAINER}={wanted!r} names no container (have {names})")
+    """The container that gets the daemon (rules in ``rewrite.target_index``)."""
+    try:
+        return _target(pod)[0]
+    except RewriteError as e:
+        raise MutationError(str(e)) from None
 
 
 def _lease(pod: dict[str, Any], rule: RuleSet) -> tuple[dt.timedelta, dict[str, str]]:
@@ -130,8 +140,8 @@ def _lease(pod: dict[str, Any], rule: RuleSet) -> tuple[dt.timedelta, dict[str, 
     return ttl, added
 
 
-def daemon_command(port: int, original: list[str]) -> list[str]:
-    return [f"{DAEMON_DIR}/sandmand", "serve", f"--listen=0.0.0.0:{port}", "--", *original]
+def daemon_command(port: int, original: list[str], flags: Sequence[str] = ()) -> list[str]:
+    return [f"{DAEMON_DIR}/sandmand", "serve", f"--listen=0.0.0.0:{port}", *flags, "--", *original]
 
 
 def mutate(
@@ -142,14 +152,25 @@ def mutate(
     now: dt.datetime,
     new_id: Callable[[], str],
     token_hash_for: Callable[[str], str],
+    images: Mapping[str, ImageFacts] | None = None,
 ) -> Mutation:
-    """The patch that turns a labeled pod into a sandbox (empty if already one)."""
+    """The patch that turns a labeled pod into a sandbox (empty if already one).
+
+    ``images`` holds what the webhook read from registries for images whose
+    ENTRYPOINT/CMD it needs (``rewrite.image_to_resolve``); an image missing
+    from it was not looked up (lookups off), which the warnings say.
+    """
     m = Mutation()
     ann = annotations(pod)
     if ANN_INJECTED in ann:
         return m  # reinvocation or re-admission: never inject twice
     spec = pod.get("spec") or {}
-    idx = target_index(pod)
+    try:
+        idx, choice_warnings = _target(pod)
+        exit_with_command = exits_with_command(pod, rule.exit_with_command)
+    except RewriteError as e:
+        raise MutationError(str(e)) from None
+    m.warnings += choice_warnings
     container = spec["containers"][idx]
 
     # -- identity, token, lease ---------------------------------------------
@@ -172,8 +193,9 @@ def mutate(
     )
 
     # -- pod-level fields ---------------------------------------------------
-    if settings.set_scheduler and spec.get("schedulerName") in (None, "", "default-scheduler"):
-        m.op("add", "/spec/schedulerName", settings.scheduler_name)
+    scheduler = scheduler_for(spec.get("schedulerName"), rule.scheduler, settings.scheduler_name)
+    if settings.set_scheduler and scheduler is not None:
+        m.op("add", "/spec/schedulerName", scheduler)
     backstop = int(rule.max_ttl.total_seconds())
     if spec.get("activeDeadlineSeconds") is None or spec["activeDeadlineSeconds"] > backstop:
         # The kubelet's own backstop: a sandbox outlives no lease, reaper or not.
@@ -212,8 +234,59 @@ def mutate(
         m.op("add", "/spec/initContainers/0", init)
     else:
         m.op("add", "/spec/initContainers", [init])
-    _rewrite_container(m, f"/spec/containers/{idx}", container, settings, token_hash, ann)
+    facts = (images or {}).get(container.get("image", "")) if images is not None else None
+    run = _command(m, container, facts, rule, lookups=images is not None)
+    flags = ["--exit-with-command"] if exit_with_command and run else []
+    if exit_with_command and not run:
+        m.warnings.append(
+            f"container {container.get('name')}: no command to exit with; "
+            "the sandbox stays until released"
+        )
+    _rewrite_container(
+        m, f"/spec/containers/{idx}", container, settings, token_hash, ann, run, flags
+    )
     return m
+
+
+def _command(
+    m: Mutation, c: dict[str, Any], facts: ImageFacts | None, rule: RuleSet, *, lookups: bool
+) -> list[str]:
+    """What the daemon starts after ``--``: the pod's command, else the image's.
+
+    A lookup that failed is a denial in enforce mode and a warning otherwise
+    (the warning says what runs instead); it never silently changes what the
+    pod runs.
+    """
+    name, command, args = c.get("name"), c.get("command"), c.get("args")
+    run = command_for(command, args, facts.config if facts else None)
+    if run is not None:
+        if facts is not None and facts.config is not None:
+            m.image_digest = facts.digest
+            if not run:
+                m.warnings.append(
+                    f"container {name}: image {facts.image} defines no ENTRYPOINT or CMD; "
+                    "only the daemon runs"
+                )
+        return run
+    instead = "its args run as the command under the daemon" if args else "only the daemon runs"
+    if facts is not None and facts.error:
+        problem = (
+            f"container {name}: the ENTRYPOINT/CMD of image {facts.image} could not be read "
+            f"from its registry ({facts.error})"
+        )
+        fix = "set `command` (and `args`) on the container, or make the registry reachable"
+        if rule.mode == "enforce":
+            raise MutationError(
+                f"sandman policy {rule.name!r} (enforce): [image-config] {problem}; fix: {fix}",
+                rule="image-config",
+            )
+        m.warnings.append(f"{problem}; {instead}; fix: {fix}")
+    elif not lookups or facts is None:
+        m.warnings.append(
+            f"container {name}: no command given and image lookups are off, so the image's "
+            f"ENTRYPOINT/CMD do not run; {instead}"
+        )
+    return list(args or [])
 
 
 def _rewrite_container(
@@ -223,22 +296,19 @@ def _rewrite_container(
     settings: InjectionSettings,
     token_hash: str,
     ann: dict[str, str],
+    run: list[str],
+    flags: list[str],
 ) -> None:
     name = c.get("name")
-    command, args = c.get("command"), c.get("args")
-    if command is None and args is not None:
-        m.warnings.append(
-            f"container {name}: no command, so the image's ENTRYPOINT is unknown to the "
-            "webhook; its args run as the command under the daemon"
-        )
-    elif command is None:
-        m.warnings.append(
-            f"container {name}: no command given; the image's own entrypoint does not run "
-            "(the daemon keeps the sandbox alive)"
-        )
-    original = [*(command or []), *(args or [])]
-    m.op("add", f"{base}/command", daemon_command(settings.port, original))
-    if args is not None:
+    try:
+        probe, original_probe, probe_warnings = readiness(c, settings.port)
+    except RewriteError as e:
+        raise MutationError(str(e)) from None
+    m.warnings += probe_warnings
+    if original_probe is not None:
+        flags = [*flags, f"--readiness-probe={original_probe}"]
+    m.op("add", f"{base}/command", daemon_command(settings.port, run, flags))
+    if c.get("args") is not None:
         m.op("remove", f"{base}/args")
 
     env = list(c.get("env") or [])
@@ -268,21 +338,7 @@ def _rewrite_container(
         port.pop("name")
     _append(m, f"{base}/ports", ports, port)
 
-    if c.get("readinessProbe") is not None:
-        m.warnings.append(
-            f"container {name}: readinessProbe replaced by the daemon's (GET /healthz), so "
-            "that Ready means the sandbox accepts commands"
-        )
-    m.op(
-        "add",
-        f"{base}/readinessProbe",
-        {
-            "httpGet": {"path": "/healthz", "port": settings.port},
-            "periodSeconds": 1,
-            "failureThreshold": 3,
-            "timeoutSeconds": 1,
-        },
-    )
+    m.op("add", f"{base}/readinessProbe", probe)
 
 
 def _remove_token_volume(m: Mutation, spec: dict[str, Any]) -> None:

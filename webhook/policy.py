@@ -31,6 +31,10 @@ from sandman.webhook.policy_fields import (
 
 MODES = ("enforce", "warn", "audit")
 RESOURCE_NAMES = ("cpu", "memory", "ephemeral-storage")
+# Which scheduler places sandboxes (webhook/rewrite.py `scheduler_for`).
+SCHEDULER_CHOICES = ("sandman", "pod", "default")
+# Which sandboxes end with their command (webhook/rewrite.py `exits_with_command`).
+EXIT_CHOICES = ("owner", "always", "never")
 SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
 TOLERATION_OPERATORS = ("Exists", "Equal")
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
@@ -82,6 +86,8 @@ class RuleSet:
     max_idle_timeout: dt.timedelta | None = None
     profiles: dict[str, Profile] = field(default_factory=lambda: {"rollout": Profile("rollout")})
     default_profile: str = "rollout"
+    scheduler: str = "sandman"
+    exit_with_command: str = "owner"
 
     def matches(self, ns_labels: dict[str, str]) -> bool:
         if any(ns_labels.get(k) != v for k, v in self.match_labels.items()):
@@ -235,6 +241,8 @@ def _rule(raw: Any, index: int) -> RuleSet:
         max_idle_timeout=idle.duration("max", None),
         profiles=profiles,
         default_profile=f.text("defaultProfile", "rollout") or "rollout",
+        scheduler=f.text("scheduler", "sandman", choices=SCHEDULER_CHOICES) or "sandman",
+        exit_with_command=f.text("exitWithCommand", "owner", choices=EXIT_CHOICES) or "owner",
     )
     for sub in (defaults, res, ttl, idle, pf, f):
         sub.done()

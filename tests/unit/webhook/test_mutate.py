@@ -75,7 +75,8 @@ def test_basic_injection_follows_the_contract() -> None:
     assert {"name": VOLUME, "mountPath": "/.sandman"} in c["volumeMounts"]
     assert c["ports"] == [{"name": "sandman", "containerPort": 7878, "protocol": "TCP"}]
     assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": 7878}
-    assert any("entrypoint does not run" in w for w in m.warnings)
+    # No image lookups here (images=None): what runs instead is said.
+    assert any("ENTRYPOINT/CMD do not run; only the daemon runs" in w for w in m.warnings)
 
 
 def test_no_annotations_or_labels_maps() -> None:
@@ -100,7 +101,7 @@ def test_command_and_args_are_kept_after_the_separator() -> None:
 def test_args_only_run_as_the_command_with_a_warning() -> None:
     out, m = injected(pod(containers=[{"name": "main", "image": "i", "args": ["sleep", "9"]}]))
     assert out["spec"]["containers"][0]["command"][4:] == ["sleep", "9"]
-    assert any("ENTRYPOINT is unknown" in w for w in m.warnings)
+    assert any("its args run as the command under the daemon" in w for w in m.warnings)
 
 
 def test_existing_init_containers_sidecars_and_several_containers() -> None:
@@ -160,8 +161,10 @@ def test_existing_probes_env_mounts_and_security_context_survive() -> None:
     assert got["livenessProbe"] == c["livenessProbe"]
     assert got["securityContext"] == {"runAsUser": 1000}
     assert [p["containerPort"] for p in got["ports"]] == [80, 7878]
-    assert got["readinessProbe"]["httpGet"]["path"] == "/healthz"
-    assert any("readinessProbe replaced" in w for w in m.warnings)
+    # The original readiness probe is kept: the daemon runs it behind /readyz.
+    assert got["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert '--readiness-probe={"exec":{"command":["true"]}}' in got["command"]
+    assert m.warnings == []
     assert [v["name"] for v in out["spec"]["volumes"]] == ["data", VOLUME]
 
 
