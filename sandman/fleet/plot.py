@@ -1,122 +1,57 @@
-"""A PNG timeline of fleet runs: one row per sandbox, one panel per run.
+"""A PNG timeline of fleet runs: one row per sandbox, one panel per run (matplotlib).
 
-Drawn on a tiny RGB raster and encoded by hand (zlib + struct) so plotting
-adds no dependency to a service that otherwise needs none of matplotlib's.
-All panels share one time axis, so strategies compare by eye.
+Needs the ``[plot]`` extra; matplotlib is imported only when a plot is drawn,
+so the SDK, the CLI and the report tables run without it. All panels share
+one time axis, so strategies compare by eye. What to draw (rows, sampling,
+coloured segments) is decided by pure functions; ``timeline_png`` only
+hands their output to matplotlib (the Agg canvas: no display, no pyplot
+global state).
 """
 
 from __future__ import annotations
 
-import math
-import struct
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sandman.fleet.records import RunData, SandboxSpan, Source
 from sandman.fleet.report import span_end, wall_time_s
 
-RGB = tuple[int, int, int]
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
-BACKGROUND: RGB = (255, 255, 255)
-TEXT: RGB = (30, 30, 30)
-GRID: RGB = (228, 228, 228)
-WARMING: RGB = (245, 176, 65)
-IDLE: RGB = (165, 205, 240)
-BUSY: RGB = (40, 105, 185)
-QUARANTINED: RGB = (215, 35, 35)
-WALL: RGB = (130, 40, 170)
+# Colours (matplotlib hex) of a sandbox's phases and the markers.
+WARMING = "#f5b041"
+IDLE = "#a5cdf0"
+BUSY = "#2869b9"
+QUARANTINED = "#d72323"
+WALL = "#8228aa"
+COLOURS = {"warming": WARMING, "idle": IDLE, "busy": BUSY}
+LEGEND = (("warming", WARMING), ("idle in pool", IDLE), ("busy", BUSY),
+          ("quarantined", QUARANTINED), ("wall", WALL))  # fmt: skip
 
-SCALE = 2  # font scale: 5x7 glyphs become 10x14 px
+DPI = 100
+# Pixels per sandbox row, at most: a handful of sandboxes still gets readable
+# bars, while a run of thousands is sampled down to ``max_rows`` rows.
 ROW_MAX_PX = 6
-MARGIN = 12
-
-# 5x7 glyphs: 7 rows as 14 hex digits, each row a 5-bit mask with the high bit on the left.
-_FONT = {
-    "0": "0E11131519110E", "1": "040C040404040E", "2": "0E11010204081F",
-    "3": "1F02040201110E", "4": "02060A121F0202", "5": "1F101E0101110E",
-    "6": "0608101E11110E", "7": "1F010204080808", "8": "0E11110E11110E",
-    "9": "0E11110F01020C", "A": "0E1111111F1111", "B": "1E11111E11111E",
-    "C": "0E11101010110E", "D": "1C12111111121C", "E": "1F10101E10101F",
-    "F": "1F10101E101010", "G": "0E11101711110F", "H": "1111111F111111",
-    "I": "0E04040404040E", "J": "0702020202120C", "K": "11121418141211",
-    "L": "1010101010101F", "M": "111B1515111111", "N": "11111915131111",
-    "O": "0E11111111110E", "P": "1E11111E101010", "Q": "0E11111115120D",
-    "R": "1E11111E141211", "S": "0F10100E01011E", "T": "1F040404040404",
-    "U": "1111111111110E", "V": "11111111110A04", "W": "1111111515150A",
-    "X": "11110A040A1111", "Y": "1111110A040404", "Z": "1F01020408101F",
-    " ": "00000000000000", ".": "00000000000C0C", "-": "0000001F000000",
-    "+": "0004041F040400", "=": "00001F001F0000", ":": "000C0C000C0C00",
-    "/": "00010204081000", "_": "0000000000001F", "(": "02040808080402",
-    ")": "08040202020408", ",": "000000000C0408", "%": "18190204081303",
-    "?": "0E110102040004",
-}  # fmt: skip
+# Every panel gets at least this much room for its title and a few rows.
+PANEL_MIN_PX = 60
+HEADER_PX = 70  # legend + axis label
 
 
-def _glyph(ch: str) -> bytes:
-    return bytes.fromhex(_FONT.get(ch.upper(), _FONT["?"]))
+@dataclass(frozen=True)
+class Panel:
+    """What one run's panel shows (pure data; ``timeline_png`` draws it)."""
+
+    title: str
+    rows: list[SandboxSpan]  # top to bottom
+    segments: dict[str, list[tuple[int, float, float]]]  # colour -> (row, start, end)
+    quarantined: list[tuple[int, float]]  # (row, end)
+    wall: float | None
 
 
-def text_width(text: str, scale: int = SCALE) -> int:
-    return len(text) * 6 * scale
-
-
-def encode_png(width: int, height: int, rgb: bytes) -> bytes:
-    """8-bit truecolour, no interlace, filter 0 on every scanline."""
-    if width < 1 or height < 1 or len(rgb) != width * height * 3:
-        raise ValueError(f"need {width}x{height}x3 bytes, got {len(rgb)}")
-    stride = width * 3
-    raw = b"".join(b"\x00" + rgb[y * stride : (y + 1) * stride] for y in range(height))
-
-    def chunk(tag: bytes, body: bytes) -> bytes:
-        crc = zlib.crc32(tag + body) & 0xFFFFFFFF
-        return struct.pack(">I", len(body)) + tag + body + struct.pack(">I", crc)
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (
-        b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", ihdr)
-        + chunk(b"IDAT", zlib.compress(raw, 9))
-        + chunk(b"IEND", b"")
-    )
-
-
-@dataclass
-class Raster:
-    width: int
-    height: int
-    pixels: bytearray
-
-    @classmethod
-    def blank(cls, width: int, height: int, color: RGB = BACKGROUND) -> Raster:
-        return cls(width, height, bytearray(bytes(color) * (width * height)))
-
-    def fill(self, x0: int, y0: int, x1: int, y1: int, color: RGB) -> None:
-        """Fill [x0, x1) x [y0, y1), clipped to the image."""
-        x0, x1 = max(0, x0), min(self.width, x1)
-        y0, y1 = max(0, y0), min(self.height, y1)
-        if x0 >= x1 or y0 >= y1:
-            return
-        run = bytes(color) * (x1 - x0)
-        for y in range(y0, y1):
-            i = (y * self.width + x0) * 3
-            self.pixels[i : i + len(run)] = run
-
-    def text(self, x: int, y: int, text: str, color: RGB = TEXT, scale: int = SCALE) -> None:
-        for n, ch in enumerate(text):
-            gx = x + n * 6 * scale
-            for row, bits in enumerate(_glyph(ch)):
-                for col in range(5):
-                    if bits & (0x10 >> col):
-                        px, py = gx + col * scale, y + row * scale
-                        self.fill(px, py, px + scale, py + scale, color)
-
-    def png(self) -> bytes:
-        return encode_png(self.width, self.height, bytes(self.pixels))
-
-
-def _time_extent(runs: Sequence[RunData]) -> float:
+def time_extent(runs: Sequence[RunData]) -> float:
     times = [0.0]
     for run in runs:
         times += [t for t in (run.t_end, wall_time_s(run)) if t is not None]
@@ -126,16 +61,7 @@ def _time_extent(runs: Sequence[RunData]) -> float:
     return max(times) if max(times) > 0 else 1.0
 
 
-def _ticks(t_max: float) -> tuple[list[float], int]:
-    """Steps of 1, 2 or 5 x 10^k giving about eight ticks; also the decimals they need."""
-    raw = t_max / 8
-    mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
-    decimals = max(0, -math.floor(math.log10(step)))
-    return [i * step for i in range(int(t_max / step + 1e-9) + 1)], decimals
-
-
-def _sample(spans: Sequence[SandboxSpan], max_rows: int) -> list[SandboxSpan]:
+def sample(spans: Sequence[SandboxSpan], max_rows: int) -> list[SandboxSpan]:
     ordered = sorted(spans, key=lambda s: (s.t_created, s.name))
     if len(ordered) <= max_rows:
         return ordered
@@ -143,22 +69,23 @@ def _sample(spans: Sequence[SandboxSpan], max_rows: int) -> list[SandboxSpan]:
     return [ordered[i * len(ordered) // max_rows] for i in range(max_rows)]
 
 
-def _segments(span: SandboxSpan, end: float) -> list[tuple[float, float, RGB]]:
+def segments(span: SandboxSpan, end: float) -> list[tuple[float, float, str]]:
+    """(start, end, phase) of a sandbox's phases: warming, idle (in a pool), busy."""
     ready = span.t_ready
-    segments = [(span.t_created, ready if ready is not None else end, WARMING)]
+    out = [(span.t_created, ready if ready is not None else end, "warming")]
     if ready is None:
-        return segments
+        return out
     if span.source is Source.CLAIMED:
         claimed = span.t_claimed
-        segments.append((ready, claimed if claimed is not None else end, IDLE))
+        out.append((ready, claimed if claimed is not None else end, "idle"))
         if claimed is not None:
-            segments.append((claimed, end, BUSY))
+            out.append((claimed, end, "busy"))
     else:
-        segments.append((ready, end, BUSY))
-    return segments
+        out.append((ready, end, "busy"))
+    return out
 
 
-def _panel_title(run: RunData, shown: int) -> str:
+def panel_title(run: RunData, shown: int) -> str:
     wall = wall_time_s(run)
     title = f"{run.strategy} reuse={'on' if run.reuse else 'off'}  {len(run.spans)} sandboxes"
     title += f"  wall {wall:.1f}s" if wall is not None else "  wall -"
@@ -167,72 +94,79 @@ def _panel_title(run: RunData, shown: int) -> str:
     return title
 
 
-def timeline_raster(
-    runs: RunData | Sequence[RunData], *, width: int = 1200, max_rows: int = 400
-) -> Raster:
-    runs = [runs] if isinstance(runs, RunData) else list(runs)
-    t_max = _time_extent(runs)
-    ticks, decimals = _ticks(t_max)
-    left, right = MARGIN, width - MARGIN
-    line_h = 7 * SCALE + 8
+def panel(run: RunData, t_max: float, max_rows: int) -> Panel:
+    rows = sample(run.spans, max_rows)
+    segs: dict[str, list[tuple[int, float, float]]] = {}
+    quarantined = []
+    for i, span in enumerate(rows):
+        end = min(span_end(span, run.t_end), t_max)
+        for t0, t1, phase in segments(span, end):
+            if t1 > t0:
+                segs.setdefault(COLOURS[phase], []).append((i, t0, t1))
+        if span.quarantined:
+            quarantined.append((i, end))
+    return Panel(panel_title(run, len(rows)), rows, segs, quarantined, wall_time_s(run))
 
-    def x_of(t: float) -> int:
-        return left + round(min(t, t_max) / t_max * (right - left))
 
-    layouts = []
-    for run in runs:
-        rows = _sample(run.spans, max_rows)
-        row_h = max(1, min(ROW_MAX_PX, max_rows // max(1, len(rows))))
-        layouts.append((run, rows, row_h, max(line_h, len(rows) * row_h)))
-    height = line_h + sum(line_h + bars_h + MARGIN for *_, bars_h in layouts) + line_h + 8
-    img = Raster.blank(width, height)
+def panel_px(p: Panel, max_rows: int) -> int:
+    row_px = max(1, min(ROW_MAX_PX, max_rows // max(1, len(p.rows))))
+    return max(PANEL_MIN_PX, len(p.rows) * row_px + 30)
 
-    x = left
-    for label, color in (("warming", WARMING), ("idle in pool", IDLE), ("busy", BUSY),
-                         ("quarantined", QUARANTINED), ("wall", WALL)):  # fmt: skip
-        img.fill(x, 6, x + 14, 6 + 14, color)
-        img.text(x + 20, 6, label)
-        x += 20 + text_width(label) + 24
-    img.text(max(x, right - text_width("x: seconds since run start")), 6,
-             "x: seconds since run start")  # fmt: skip
 
-    y = line_h
-    for run, rows, row_h, bars_h in layouts:
-        img.text(left, y + 4, _panel_title(run, len(rows)))
-        y += line_h
-        for t in ticks:
-            img.fill(x_of(t), y, x_of(t) + 1, y + bars_h, GRID)
-        if not rows:
-            img.text(left + 4, y + 4, "no sandboxes")
-        bar_h = row_h - 1 if row_h >= 3 else row_h  # a gap between rows once they are tall enough
-        for i, span in enumerate(rows):
-            top, end = y + i * row_h, span_end(span, run.t_end)
-            end = min(end, t_max)
-            for t0, t1, color in _segments(span, end):
-                if t1 > t0:
-                    x0 = x_of(t0)
-                    img.fill(x0, top, max(x0 + 1, x_of(t1)), top + bar_h, color)
-            if span.quarantined:
-                img.fill(x_of(end) - 4, top, x_of(end) + 1, top + max(bar_h, 2), QUARANTINED)
-        wall = wall_time_s(run)
-        if wall is not None:
-            img.fill(x_of(wall) - 1, y, x_of(wall) + 1, y + bars_h, WALL)
-        y += bars_h + MARGIN
-        img.fill(left, y - MARGIN // 2, right, y - MARGIN // 2 + 1, GRID)
-
-    img.fill(left, y, right + 1, y + 1, TEXT)
-    for t in ticks:
-        img.fill(x_of(t), y, x_of(t) + 1, y + 6, TEXT)
-        label = f"{t:.{decimals}f}"
-        lx = min(max(0, x_of(t) - text_width(label) // 2), width - text_width(label))
-        img.text(lx, y + 8, label)
-    return img
+def _draw(ax: Axes, p: Panel, t_max: float) -> None:
+    n = max(1, len(p.rows))
+    for colour, segs in p.segments.items():
+        ax.barh(
+            [row for row, _, _ in segs],
+            [t1 - t0 for _, t0, t1 in segs],
+            left=[t0 for _, t0, _ in segs],
+            height=0.85 if n <= 100 else 1.0,
+            color=colour,
+            linewidth=0,
+        )
+    if p.quarantined:
+        ax.scatter([t for _, t in p.quarantined], [r for r, _ in p.quarantined],
+                   marker="|", color=QUARANTINED, s=40, zorder=3)  # fmt: skip
+    if p.wall is not None:
+        ax.axvline(p.wall, color=WALL, linewidth=1.5)
+    if not p.rows:
+        ax.text(0.01, 0.5, "no sandboxes", transform=ax.transAxes, va="center")
+    ax.set_xlim(0, t_max)
+    ax.set_ylim(n - 0.5, -0.5)  # first sandbox on top
+    ax.set_yticks([])
+    ax.set_title(p.title, loc="left", fontsize=9)
+    ax.grid(axis="x", color="#e4e4e4", linewidth=0.8)
+    ax.set_axisbelow(True)
 
 
 def timeline_png(
     data: RunData | Sequence[RunData], path: str | Path, *, width: int = 1200, max_rows: int = 400
 ) -> Path:
+    """Draw the runs' timelines into a PNG of ``width`` pixels; returns the path."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        from matplotlib.patches import Patch
+    except ImportError as e:
+        raise ImportError(
+            f"the timeline plot needs matplotlib ({e}): pip install 'sandman-k8s[plot]'"
+        ) from None
+    runs = [data] if isinstance(data, RunData) else list(data)
+    t_max = time_extent(runs)
+    panels = [panel(run, t_max, max_rows) for run in runs] or [Panel("no runs", [], {}, [], None)]
+    heights = [panel_px(p, max_rows) for p in panels]
+    fig = Figure(figsize=(width / DPI, (sum(heights) + HEADER_PX) / DPI), dpi=DPI)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False,
+                        gridspec_kw={"height_ratios": heights})[:, 0]  # fmt: skip
+    for ax, p in zip(axes, panels, strict=True):
+        _draw(ax, p, t_max)
+    axes[-1].set_xlabel("seconds since run start")
+    fig.legend(handles=[Patch(color=c, label=label) for label, c in LEGEND],
+               loc="upper center", ncol=len(LEGEND), frameon=False, fontsize=9)  # fmt: skip
+    fig.subplots_adjust(left=0.02, right=0.99, top=1 - 40 / fig.bbox.height,
+                        bottom=45 / fig.bbox.height, hspace=0.45)  # fmt: skip
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(timeline_raster(data, width=width, max_rows=max_rows).png())
+    fig.savefig(path, dpi=DPI)
     return path

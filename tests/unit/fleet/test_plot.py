@@ -1,41 +1,27 @@
+"""The run report's timeline: what is drawn (pure) and the PNG itself, opened and looked at."""
+
 from __future__ import annotations
 
-import struct
-import zlib
 from pathlib import Path
 
+import numpy as np
 import pytest
+from matplotlib.colors import to_rgb
+from PIL import Image
 
 from sandman.fleet.plot import (
     BUSY,
     IDLE,
     QUARANTINED,
+    WALL,
     WARMING,
-    Raster,
-    encode_png,
+    panel,
+    sample,
+    segments,
+    time_extent,
     timeline_png,
-    timeline_raster,
 )
 from sandman.fleet.records import Attempt, Outcome, RolloutRecord, RunData, SandboxSpan, Source
-
-
-def read_png(data: bytes) -> tuple[int, int, bytes]:
-    """Check the structure and every CRC; return width, height and the inflated IDAT."""
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    pos, chunks = 8, []
-    while pos < len(data):
-        (length,) = struct.unpack(">I", data[pos : pos + 4])
-        tag, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + length]
-        (crc,) = struct.unpack(">I", data[pos + 8 + length : pos + 12 + length])
-        assert crc == zlib.crc32(tag + body) & 0xFFFFFFFF
-        chunks.append((tag, body))
-        pos += 12 + length
-    assert chunks[0][0] == b"IHDR" and chunks[-1] == (b"IEND", b"")
-    width, height, depth, colour, *_ = struct.unpack(">IIBBBBB", chunks[0][1])
-    assert (depth, colour) == (8, 2)
-    raw = zlib.decompress(b"".join(body for tag, body in chunks if tag == b"IDAT"))
-    assert len(raw) == height * (1 + 3 * width)
-    return width, height, raw
 
 
 def run(strategy: str, n_spans: int, reuse: bool = False) -> RunData:
@@ -52,47 +38,72 @@ def run(strategy: str, n_spans: int, reuse: bool = False) -> RunData:
     return RunData(strategy, reuse, 3, 2, 4, records=records, spans=spans, t_end=9.0)
 
 
-def test_encode_png_round_trips_pixels() -> None:
-    img = Raster.blank(3, 2)
-    img.fill(1, 0, 2, 1, (1, 2, 3))
-    width, height, raw = read_png(img.png())
-    assert (width, height) == (3, 2)
-    assert raw[0] == 0  # filter byte
-    assert raw[1 + 3 : 1 + 6] == bytes([1, 2, 3])
-    with pytest.raises(ValueError):
-        encode_png(2, 2, b"\x00" * 3)
+def pixels(path: Path) -> np.ndarray:
+    with Image.open(path) as img:
+        return np.asarray(img.convert("RGB"), dtype=np.int16)
 
 
-def test_fill_and_text_clip_at_edges() -> None:
-    img = Raster.blank(10, 10)
-    img.fill(-5, -5, 50, 2, (9, 9, 9))
-    img.text(8, 8, "W?~")  # partly off the image; unknown glyphs fall back to "?"
-    assert len(img.pixels) == 300
-    assert img.pixels[:3] == bytes([9, 9, 9])
+def share_of(img: np.ndarray, colour: str) -> float:
+    """Fraction of pixels within a small distance of ``colour`` (antialiasing blurs edges)."""
+    rgb = np.array([round(c * 255) for c in to_rgb(colour)], dtype=np.int16)
+    return float((np.abs(img - rgb).sum(axis=2) <= 12).mean())
 
 
-def test_timeline_png_is_valid_with_expected_size(tmp_path: Path) -> None:
+def test_segments_follow_a_sandboxs_phases() -> None:
+    pool = SandboxSpan("a", "p", Source.CLAIMED, t_created=1.0, t_ready=2.0, t_claimed=3.0)
+    # warming 1->2, idle in the pool 2->3, busy from the claim 3 to the end 5.
+    assert segments(pool, 5.0) == [(1.0, 2.0, "warming"), (2.0, 3.0, "idle"), (3.0, 5.0, "busy")]
+    made = SandboxSpan("b", "p", Source.CREATED, t_created=1.0, t_ready=2.5)
+    assert segments(made, 4.0) == [(1.0, 2.5, "warming"), (2.5, 4.0, "busy")]  # no pool: no idle
+    never_ready = SandboxSpan("c", "p", Source.CREATED, t_created=1.0)
+    assert segments(never_ready, 3.0) == [(1.0, 3.0, "warming")]
+
+
+def test_rows_are_sampled_evenly_and_ordered_by_creation() -> None:
+    spans = run("pool", 1000).spans
+    rows = sample(list(reversed(spans)), 10)
+    # every 100th of 1000 creation-ordered spans: sb-0, sb-100, ..., sb-900
+    assert [s.name for s in rows] == [f"sb-{i}" for i in range(0, 1000, 100)]
+    assert sample(spans[:3], 10) == spans[:3]
+
+
+def test_panel_collects_segments_per_colour_and_marks() -> None:
+    data = run("pool", 10)
+    p = panel(data, time_extent([data]), max_rows=400)
+    assert len(p.rows) == 10 and p.wall == 5.0
+    assert [row for row, _ in p.quarantined] == [3]  # i % 7 == 3
+    assert len(p.segments[WARMING]) == 10 and len(p.segments[IDLE]) == 5  # odd = pool pods
+    assert "sampled" not in p.title
+    assert "(sampled 4 of 10)" in panel(data, 9.0, max_rows=4).title
+
+
+def test_timeline_png_opens_with_the_size_asked_and_drawn_axes(tmp_path: Path) -> None:
     runs = [run("pool", 20, reuse=True), run("on-demand", 5)]
     path = timeline_png(runs, tmp_path / "plots" / "timeline.png")
-    width, height, _ = read_png(path.read_bytes())
-    assert width == 1200
-    img = timeline_raster(runs)
-    assert (img.width, img.height) == (width, height)
-    pixels = bytes(img.pixels)
-    for colour in (WARMING, IDLE, BUSY, QUARANTINED):
-        assert bytes(colour) in pixels
+    img = pixels(path)
+    height, width, _ = img.shape
+    assert width == 1200 and 200 < height < 2000
+    # The axes are not blank: the bars make the plot area vary, and each phase
+    # colour covers a visible share of it (not just a legend swatch).
+    plot_area = img[60 : height - 50, 30 : width - 30]
+    assert plot_area.std() > 20
+    for colour in (WARMING, IDLE, BUSY):
+        assert share_of(plot_area, colour) > 0.005, colour
+    assert share_of(img, WALL) > 0
+    assert share_of(img, QUARANTINED) > 0
 
 
-def test_rows_are_capped_by_sampling() -> None:
-    small = timeline_raster(run("pool", 50), max_rows=100)
-    big = timeline_raster(run("pool", 5000), max_rows=100)
-    assert big.height < 200 + small.height
-    assert timeline_raster(run("pool", 5000), width=600, max_rows=100).width == 600
+def test_thousands_of_sandboxes_are_sampled_to_a_bounded_image(tmp_path: Path) -> None:
+    small = pixels(timeline_png(run("pool", 50), tmp_path / "small.png", max_rows=100))
+    big = pixels(timeline_png(run("pool", 5000), tmp_path / "big.png", max_rows=100))
+    assert big.shape[0] < small.shape[0] + 200
+    narrow = pixels(timeline_png(run("pool", 50), tmp_path / "narrow.png", width=600))
+    assert narrow.shape[1] == 600
 
 
-def test_empty_runs_do_not_crash(tmp_path: Path) -> None:
+@pytest.mark.parametrize("what", ["empty", "none", "mixed"])
+def test_empty_runs_still_give_a_picture(tmp_path: Path, what: str) -> None:
     empty = RunData("on-demand", False, 0, 0, 1)
-    width, height, _ = read_png(timeline_png(empty, tmp_path / "empty.png").read_bytes())
-    assert width == 1200 and height > 0
-    read_png(timeline_png([], tmp_path / "none.png").read_bytes())
-    read_png(timeline_png([empty, run("pool", 3)], tmp_path / "mixed.png").read_bytes())
+    data = {"empty": empty, "none": [], "mixed": [empty, run("pool", 3)]}[what]
+    img = pixels(timeline_png(data, tmp_path / f"{what}.png"))
+    assert img.shape[1] == 1200 and img.shape[0] > 0
