@@ -34,6 +34,9 @@ LABEL_CLAIM = PREFIX + "claim"  # CLAIM_HELD from the moment a pool pod is claim
 LABEL_RUN = PREFIX + "run"  # every pod of one fleet run
 LABEL_NODE_KIND = PREFIX + "node-kind"  # local cluster nodes: "kwok" | "real"
 LABEL_BENCH = PREFIX + "bench"  # nodes and pods a benchmark made (value: its name)
+LABEL_E2B = PREFIX + "e2b"  # "true": made by the E2B gateway (the only pods it acts on)
+ANN_E2B_TEMPLATE = PREFIX + "e2b-template"  # the E2B template id it was created from
+ANN_E2B_METADATA = PREFIX + "e2b-metadata"  # E2B metadata, a JSON object of strings
 
 # -- values of sandman.dev/state and sandman.dev/claim ------------------------------
 STATE_IDLE = "idle"  # in a warm pool, claimable
