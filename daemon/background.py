@@ -12,6 +12,7 @@ import contextlib
 import os
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,8 @@ class Background:
     rings: dict[str, Ring]
     exit_code: int | None = None
     ended: float | None = None
+    # While running, the sandbox is not idle (the reaper leaves it alone).
+    keeps_active: bool = True
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _stdin_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -52,6 +55,7 @@ class Background:
             "started_at": self.started,
             "ended_at": self.ended,
             "stdin_open": self.child.stdin is not None,
+            "keeps_active": self.keeps_active,
             "output_bytes": {k: r.end for k, r in self.rings.items()},
         }
 
@@ -100,8 +104,14 @@ class BackgroundProcesses:
     """All background processes. Event-loop only (not thread-safe)."""
 
     def __init__(
-        self, reaper: ChildReaper, base_env: dict[str, str], ring_bytes: int, max_count: int
+        self,
+        reaper: ChildReaper,
+        base_env: dict[str, str],
+        ring_bytes: int,
+        max_count: int,
+        on_exit: Callable[[], None] | None = None,
     ) -> None:
+        self._on_exit = on_exit
         self._reaper = reaper
         self._env = base_env
         self._ring_bytes = ring_bytes
@@ -123,7 +133,15 @@ class BackgroundProcesses:
         except OSError as e:
             raise start_error(req.argv, req.cwd, e) from None
         rings = {s: Ring(self._ring_bytes) for s in STREAMS}
-        proc = Background(secrets.token_hex(6), req.name, req.argv, child, time.time(), rings)
+        proc = Background(
+            secrets.token_hex(6),
+            req.name,
+            req.argv,
+            child,
+            time.time(),
+            rings,
+            keeps_active=req.keeps_active,
+        )
 
         def sink(stream: str):  # type: ignore[no-untyped-def]
             own, combined = rings[stream], rings["combined"]
@@ -145,6 +163,8 @@ class BackgroundProcesses:
             proc.ended = time.time()
             for ring in rings.values():
                 ring.wake()  # followers learn that it ended
+            if self._on_exit is not None and proc.keeps_active:
+                self._on_exit()  # the idle time starts now, not at its start
 
         child.exited.add_done_callback(on_exit)
         self._procs[proc.id] = proc
@@ -158,6 +178,11 @@ class BackgroundProcesses:
 
     def list(self) -> list[Background]:
         return list(self._procs.values())
+
+    @property
+    def keeping_active(self) -> bool:
+        """A running process that counts as use (the idle figure stays 0)."""
+        return any(p.running and p.keeps_active for p in self._procs.values())
 
     async def delete(self, pid: str) -> None:
         proc = self.get(pid)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
@@ -22,6 +21,24 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
+# Children's oom_score_adj is the daemon's plus this (at most 1000), so that
+# when a sandbox runs out of memory the OOM killer takes the command, never
+# the daemon (whose death restarts the container and wipes the sandbox).
+# +500 keeps the order inside the container while a Guaranteed pod's
+# commands (-997 from the kubelet) stay well below other pods' processes on
+# node pressure. Only raising works: lowering needs CAP_SYS_RESOURCE, which
+# the container's root does not have.
+CHILD_OOM_SCORE_ADJ_DELTA = 500
+OOM_SCORE_ADJ_MAX = 1000
+
+
+def child_oom_score_adj() -> int | None:
+    """What spawn() gives children, from the daemon's own value (None: no /proc)."""
+    try:
+        own = int(Path("/proc/self/oom_score_adj").read_text())
+    except (OSError, ValueError):
+        return None
+    return min(OOM_SCORE_ADJ_MAX, own + CHILD_OOM_SCORE_ADJ_DELTA)
 
 
 def become_subreaper() -> bool:
@@ -31,6 +48,8 @@ def become_subreaper() -> bool:
     reaps only its own child; without this, orphaned grandchildren would
     become zombies of a process that never waits for them.
     """
+    import ctypes  # only off PID 1 (tests, a host): ctypes costs ~1 MiB
+
     libc = ctypes.CDLL(None, use_errno=True)
     return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
 
@@ -49,6 +68,7 @@ class ChildReaper:
         self._unclaimed: dict[int, int] = {}
         self.orphans_reaped = 0
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.child_oom_score_adj = child_oom_score_adj()
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -132,6 +152,11 @@ def spawn(
     proc.returncode = 0
     if not stdin:
         proc.stdin.close()  # type: ignore[union-attr]
+    if reaper.child_oom_score_adj is not None:
+        # From the parent, right after the spawn: a preexec_fn would cost the
+        # vfork fast path on every command. Raising only; see the constant.
+        with contextlib.suppress(OSError), open(f"/proc/{proc.pid}/oom_score_adj", "w") as f:
+            f.write(str(reaper.child_oom_score_adj))
     return Child(
         pid=proc.pid,
         exited=reaper.watch(proc.pid),

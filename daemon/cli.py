@@ -32,6 +32,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--temp-dir", action="append", help="dir reset empties (repeat; default /tmp, /var/tmp)"
     )
     s.add_argument("--grace", type=float, default=5.0, help="seconds from SIGTERM to SIGKILL")
+    s.add_argument(
+        "--exit-with-command",
+        action="store_true",
+        help="when the original command exits, answer requests in flight and exit with its code",
+    )
+    s.add_argument("--no-reset", action="store_true", help="refuse /v1/reset (eval profile)")
+    s.add_argument(
+        "--readiness-probe",
+        default=None,
+        metavar="JSON",
+        help="the container's own readinessProbe (Kubernetes Probe JSON); GET /readyz checks it",
+    )
     s.add_argument("command", nargs=argparse.REMAINDER, help="-- original command and args")
     i = sub.add_parser("install", help="copy this executable into DIR")
     i.add_argument("dir")

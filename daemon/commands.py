@@ -6,21 +6,15 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from sandman.contract import ENV_TMPDIR_ORIG
-from sandman.daemon.children import ChildReaper, kill_tree, spawn
+from sandman.daemon.children import Child, ChildReaper, kill_tree, spawn
 from sandman.daemon.errors import BadRequest
 from sandman.daemon.output import Capture, encode, feed, pump
 from sandman.daemon.requests import ExecRequest
-
-# After the command itself exits, how long its pipes may stay open before we
-# stop reading. A backgrounded grandchild (`server &`) inherits stdout and
-# would otherwise hold the call open forever; 200 ms lets output already in
-# flight arrive and costs nothing for commands that close their pipes.
-DRAIN_AFTER_EXIT_S = 0.2
 
 # Variables the frozen bootloaders set for themselves, and our own secrets:
 # never passed to commands.
@@ -88,14 +82,37 @@ def start_error(argv: tuple[str, ...], cwd: str | None, e: OSError) -> BadReques
     return BadRequest(f"cannot start {argv[0]!r}: {e.strerror}{what}", code="cannot_start")
 
 
+async def wait_exit(
+    child: Child, pumps: list[asyncio.Future[None]], timeout_s: float
+) -> tuple[int, bool]:
+    """(exit code, timed out). A pump that fails (its client went away) raises
+    here at once, not when the command happens to end."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    pending: set[asyncio.Future[Any]] = {child.exited, *pumps}
+    while not child.exited.done():
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            kill_tree(child.pid)
+            return await child.exited, True
+        done, pending = await asyncio.wait(
+            pending, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+        )
+        for t in done:
+            if t is not child.exited and not t.cancelled() and t.exception() is not None:
+                raise t.exception()  # type: ignore[misc]
+    return child.exited.result(), False
+
+
 async def run_command(
     reaper: ChildReaper,
     req: ExecRequest,
     base_env: Mapping[str, str],
-    on_chunk: Callable[[str, bytes], None] | None = None,
+    on_chunk: Callable[[str, bytes], Awaitable[None]] | None = None,
 ) -> ExecResult:
     """Run to completion. ``on_chunk(stream, data)`` sees output as it comes
-    (streaming); captures keep at most ``max_output_bytes`` per stream."""
+    (streaming); the pipe is read only as fast as it returns. Captures keep at
+    most ``max_output_bytes`` per stream."""
     env = {**base_env, **req.env}
     t0 = time.monotonic()
     try:
@@ -104,38 +121,30 @@ async def run_command(
         raise start_error(req.argv, req.cwd, e) from None
     out, err = Capture(req.max_output_bytes), Capture(req.max_output_bytes)
 
-    def sink(name: str, cap: Capture) -> Callable[[bytes], None]:
+    def sink(name: str, cap: Capture) -> Callable[[bytes], Awaitable[None] | None]:
         if on_chunk is None:
             return cap
 
-        def both(data: bytes) -> None:
+        def both(data: bytes) -> Awaitable[None]:
             cap(data)
-            on_chunk(name, data)
+            return on_chunk(name, data)
 
         return both
 
     assert child.stdout is not None and child.stderr is not None
     pumps = [
-        asyncio.ensure_future(pump(child.stdout, sink("stdout", out))),
-        asyncio.ensure_future(pump(child.stderr, sink("stderr", err))),
+        asyncio.ensure_future(pump(child.stdout, sink("stdout", out), child.exited)),
+        asyncio.ensure_future(pump(child.stderr, sink("stderr", err), child.exited)),
     ]
     writer = None
     if req.stdin is not None and child.stdin is not None:
         writer = asyncio.ensure_future(feed(child.stdin, req.stdin))
-    timed_out = False
     try:
-        try:
-            code = await asyncio.wait_for(asyncio.shield(child.exited), req.timeout_s)
-        except TimeoutError:
-            timed_out = True
-            kill_tree(child.pid)
-            code = await child.exited
-        _, pending = await asyncio.wait(pumps, timeout=DRAIN_AFTER_EXIT_S)
-        for p in pending:
-            p.cancel()
-    except asyncio.CancelledError:
-        # The client went away: nobody will read the result, so the command
-        # (and everything it started) goes too.
+        code, timed_out = await wait_exit(child, pumps, req.timeout_s)
+        await asyncio.gather(*pumps)  # they stop by themselves: EOF, or linger after exit
+    except BaseException:
+        # The client went away (cancelled, or a streamed write failed): nobody
+        # will read the result, so the command (and all it started) goes too.
         kill_tree(child.pid)
         for p in pumps:
             p.cancel()

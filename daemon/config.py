@@ -6,6 +6,7 @@ import argparse
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sandman.contract import (
     DAEMON_DIR,
@@ -54,6 +55,13 @@ class DaemonConfig:
     command: tuple[str, ...] = ()  # the image's own command, supervised
     grace_s: float = 5.0  # SIGTERM -> SIGKILL for children at shutdown
     limits: Limits = field(default_factory=Limits)
+    # When the supervised command exits, stop serving and exit with its code
+    # (Jobs and other run-to-completion owners; issue 16).
+    exit_with_command: bool = False
+    # /v1/reset is refused (the eval profile: one fresh sandbox per task).
+    no_reset: bool = False
+    # The target container's own readinessProbe, checked by GET /readyz.
+    readiness_probe: Any = None
 
     @property
     def listen(self) -> str:
@@ -81,6 +89,19 @@ def read_token_hash(flag_value: str | None, flag_file: str | None) -> str | None
     return value
 
 
+def parse_probe(text: str) -> Any:
+    """--readiness-probe: a Kubernetes Probe as JSON (validated by readiness.py)."""
+    import json
+
+    from sandman.daemon.readiness import Probe
+
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"--readiness-probe is not JSON: {e}") from None
+    return Probe.from_json(doc)
+
+
 def from_args(args: argparse.Namespace) -> DaemonConfig:
     host, port = parse_listen(args.listen)
     workspace = args.workspace or os.environ.get(ENV_WORKSPACE)
@@ -95,4 +116,7 @@ def from_args(args: argparse.Namespace) -> DaemonConfig:
         temp_dirs=tuple(Path(p) for p in args.temp_dir or ["/tmp", "/var/tmp"]),
         command=tuple(args.command),
         grace_s=args.grace,
+        exit_with_command=args.exit_with_command,
+        no_reset=args.no_reset,
+        readiness_probe=parse_probe(args.readiness_probe) if args.readiness_probe else None,
     )

@@ -54,3 +54,8 @@ class PayloadTooLarge(APIError):
 class Unavailable(APIError):
     status = 503
     code = "unavailable"
+
+
+class MethodNotAllowed(APIError):
+    status = 405
+    code = "method_not_allowed"

@@ -1,7 +1,11 @@
-"""File operations behind the file API (synchronous, small and bounded).
+"""File operations behind the file API (synchronous; the API runs them in its
+thread pool, never on the event loop).
 
 Content transfer (streamed reads/writes, tar) lives in the API handlers and
 ``tarstream``; this module does metadata operations and their error mapping.
+Opens are non-blocking and refuse anything but regular files for content:
+opening a FIFO blocks until its other end shows up, which on the event loop
+froze the whole daemon (and /healthz with it).
 """
 
 from __future__ import annotations
@@ -175,7 +179,19 @@ def open_for_write(
         if path.is_dir():
             raise BadRequest(f"{path}: is a directory", code="is_dir")
         if append:
-            return path, None, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, mode)
+            # O_NONBLOCK: a FIFO without a reader fails (ENXIO) instead of
+            # waiting for one; then anything but a regular file is refused.
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK, mode)
+            except OSError as e:
+                if e.errno == errno.ENXIO:
+                    raise BadRequest(f"{path} is not a regular file", code="not_a_file") from None
+                raise
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise BadRequest(f"{path} is not a regular file", code="not_a_file")
+            os.set_blocking(fd, True)
+            return path, None, fd
         tmp = path.with_name(f".{path.name}.sandman-upload-{os.getpid()}-{id(path)}")
         return path, tmp, os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_EXCL, mode)
 
@@ -195,10 +211,17 @@ def open_for_read(policy: PathPolicy, raw: object) -> tuple[Path, int, int]:
     """(path, fd, size) of a regular file to stream out."""
     path = policy.target(raw)
     with os_errors(path):
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             os.close(fd)
             kind = "a directory; use /v1/files/list" if stat.S_ISDIR(st.st_mode) else "not a file"
             raise BadRequest(f"{path} is {kind}", code="not_a_file")
+        os.set_blocking(fd, True)
         return path, fd, st.st_size
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]

@@ -6,40 +6,82 @@ import asyncio
 import base64
 import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 READ_CHUNK = 64 << 10  # one pipe buffer's worth (Linux default 64 KiB)
 
 
-async def pump(fd: int, on_data: Callable[[bytes], None]) -> None:
+# After a command exits, its pipes may be held open by a backgrounded
+# grandchild (`server &`): read on for this long while data keeps coming, then
+# stop (200 ms lets output already in flight arrive and costs nothing for
+# commands that close their pipes), and never more than LINGER_BYTES after
+# the exit (a lingering `yes &` must not hold the call open).
+LINGER_S = 0.2
+LINGER_BYTES = 4 << 20
+
+
+async def pump(
+    fd: int,
+    on_data: Callable[[bytes], Awaitable[None] | None],
+    exited: asyncio.Future[int] | None = None,
+    linger_s: float = LINGER_S,
+) -> None:
     """Read a non-blocking fd until EOF, handing each chunk to ``on_data``.
 
-    Reading continues after a consumer stops keeping data (a capture past
-    its cap): a command blocked on a full pipe would never exit.
+    When ``on_data`` returns an awaitable, the next read waits for it: a
+    streamed command is read only as fast as its client takes the output
+    (back-pressure: the command blocks on a full pipe instead of the daemon
+    buffering without bound). A plain callable (a capture past its cap)
+    keeps reading: a command blocked on a full pipe would never exit.
+    With ``exited`` (the command's exit), reading stops ``linger_s`` after the
+    exit once no data is waiting, or after LINGER_BYTES more.
     """
     loop = asyncio.get_running_loop()
-    done: asyncio.Future[None] = loop.create_future()
+    waiter: list[asyncio.Future[None] | None] = [None]
+    exit_at: list[float | None] = [None]
 
-    def readable() -> None:
+    def wake() -> None:
+        fut = waiter[0]
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    def on_exit(_: object) -> None:
+        exit_at[0] = loop.time()
+        loop.call_later(linger_s, wake)
+
+    if exited is not None:
+        exited.add_done_callback(on_exit)
+    after_exit = 0
+    try:
         while True:
             try:
                 data = os.read(fd, READ_CHUNK)
             except BlockingIOError:
-                return
+                if exit_at[0] is not None and loop.time() >= exit_at[0] + linger_s:
+                    return
+                fut = loop.create_future()
+                waiter[0] = fut
+                loop.add_reader(fd, wake)
+                try:
+                    await fut
+                finally:
+                    loop.remove_reader(fd)
+                    waiter[0] = None
+                continue
             except OSError:
                 data = b""
             if not data:
-                loop.remove_reader(fd)
-                if not done.done():
-                    done.set_result(None)
                 return
-            on_data(data)
-
-    loop.add_reader(fd, readable)
-    try:
-        await done
+            if exit_at[0] is not None:
+                after_exit += len(data)
+                if after_exit > LINGER_BYTES:
+                    return
+            pending = on_data(data)
+            if pending is not None:
+                await pending
     finally:
-        loop.remove_reader(fd)
+        if exited is not None:
+            exited.remove_done_callback(on_exit)
         with contextlib.suppress(OSError):
             os.close(fd)
 

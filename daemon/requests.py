@@ -132,14 +132,18 @@ class StartRequest:
     env: dict[str, str]
     stdin: bool  # keep stdin open for later writes
     name: str | None
+    keeps_active: bool = True  # while it runs, the sandbox is not idle
 
 
 def start_request(body: Any) -> StartRequest:
-    b = _check_fields(body, {"cmd", "cwd", "env", "stdin", "name"}, "process")
+    b = _check_fields(body, {"cmd", "cwd", "env", "stdin", "name", "keeps_active"}, "process")
     stdin = b.get("stdin", False)
     if not isinstance(stdin, bool):
         raise BadRequest("stdin must be a boolean (keep stdin open for writes)")
-    return StartRequest(_argv(b), _str(b, "cwd"), _env(b), stdin, _str(b, "name"))
+    keeps_active = b.get("keeps_active", True)
+    if not isinstance(keeps_active, bool):
+        raise BadRequest("keeps_active must be a boolean")
+    return StartRequest(_argv(b), _str(b, "cwd"), _env(b), stdin, _str(b, "name"), keeps_active)
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,7 @@ import contextlib
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any
-
-from aiohttp import web
+from typing import TYPE_CHECKING, Any
 
 from sandman.daemon import __version__
 from sandman.daemon.background import BackgroundProcesses
@@ -18,9 +16,11 @@ from sandman.daemon.commands import ExecResult
 from sandman.daemon.config import DaemonConfig
 from sandman.daemon.metrics import DaemonMetrics
 from sandman.daemon.paths import PathPolicy
-from sandman.daemon.reset import Pristine
 from sandman.daemon.sessions import Sessions
 from sandman.daemon.status import Activity
+
+if TYPE_CHECKING:  # reset's module is imported only when a reset or record runs
+    from sandman.daemon.reset import Pristine
 
 log = logging.getLogger("sandmand")
 
@@ -37,13 +37,18 @@ class DaemonState:
     activity: Activity
     version: str = __version__
     pristine: Pristine | None = None
+    started: bool = False  # startup finished (pristine recorded, command started)
     stopping: bool = False
+    # Set by SIGTERM/SIGINT, or by the supervised command's exit under
+    # --exit-with-command (then command_finished is True too).
+    stop_requested: asyncio.Event | None = None
+    command_finished: bool = False
     supervised: Child | None = None
     supervised_exit: int | None = None
     reset_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def count_command(self, result: ExecResult) -> None:
-        self.metrics.commands.labels("timeout" if result.timed_out else "ok").inc()
+        self.metrics.commands.inc("timeout" if result.timed_out else "ok")
 
     # -- the image's own command, supervised ------------------------------------
     def start_supervised(self) -> None:
@@ -55,6 +60,10 @@ class DaemonState:
         except OSError as e:
             log.error("cannot start the original command %s: %s", self.config.command, e)
             self.supervised_exit = 127
+            if self.config.exit_with_command:
+                self.command_finished = True
+                if self.stop_requested is not None:
+                    self.stop_requested.set()
             return
         self.supervised, self.supervised_exit = child, None
 
@@ -62,6 +71,10 @@ class DaemonState:
             if self.supervised is child and not f.cancelled():
                 self.supervised_exit = f.result()
                 log.info("original command exited with %s", self.supervised_exit)
+                if self.config.exit_with_command and not self.stopping:
+                    self.command_finished = True
+                    if self.stop_requested is not None:
+                        self.stop_requested.set()
 
         child.exited.add_done_callback(ended)
 
@@ -86,9 +99,6 @@ class DaemonState:
             "running": child is not None and not child.exited.done(),
             "exit_code": self.supervised_exit,
         }
-
-
-STATE = web.AppKey("state", DaemonState)
 
 
 def scratch_dir(config: DaemonConfig) -> str:

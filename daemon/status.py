@@ -1,8 +1,11 @@
-"""/v1/status: uptime, last activity, processes, resource usage.
+"""/v1/status and /v1/idle: uptime, activity, processes, resource usage.
 
-The reaper reads ``last_activity`` to reclaim idle sandboxes without any
-control-plane write per heartbeat, so it must move on every authenticated
-API call and on nothing else (health checks and metrics scrapes excluded).
+The reaper reads the idle figure to reclaim idle sandboxes without any
+control-plane write per heartbeat. Idle means: no API request or stream open
+(a 40-minute exec is activity for all of its 40 minutes, not only at its
+start), no background process running that keeps the sandbox active, and
+none of either for ``idle_s`` seconds. Looking (health checks, status,
+metrics, the idle figure itself) is not using.
 """
 
 from __future__ import annotations
@@ -20,19 +23,41 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 
 @dataclass
 class Activity:
-    """Wall-clock start and last API activity. Event-loop only."""
+    """Wall-clock start, last activity and what is in flight now.
+
+    Exists so that the idle reaper never deletes a sandbox mid-command: the
+    old rule (``last`` moved when a request started) made any call longer than
+    the idle timeout look idle. Event-loop only, not thread-safe.
+    """
 
     clock: Callable[[], float] = time.time
     started: float = field(default=0.0)
     last: float = field(default=0.0)
     calls: int = 0
+    in_flight: int = 0
 
     def __post_init__(self) -> None:
         self.started = self.last = self.clock()
 
-    def touch(self) -> None:
-        self.last = self.clock()
+    def begin(self) -> None:
+        """A request (or stream) that counts as use starts; pair with end()."""
+        self.in_flight += 1
         self.calls += 1
+        self.last = self.clock()
+
+    def end(self) -> None:
+        self.in_flight = max(0, self.in_flight - 1)
+        self.last = self.clock()
+
+    def mark(self) -> None:
+        """Something that kept the sandbox busy just ended (a background process)."""
+        self.last = max(self.last, self.clock())
+
+    def idle_s(self, busy: bool = False) -> float:
+        """Seconds without use; 0 while a request is open or ``busy`` (work running)."""
+        if self.in_flight or busy:
+            return 0.0
+        return max(0.0, self.clock() - self.last)
 
 
 def processes() -> list[dict[str, Any]]:

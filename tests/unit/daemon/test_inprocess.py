@@ -1,4 +1,5 @@
-"""The API app in-process (aiohttp test client): routing, auth, errors, files.
+"""The API app in-process (its own HTTP server on a free port, aiohttp as the
+client): routing, auth, errors, files.
 
 Only endpoints that start no processes are driven here; the ones that do run
 against a real daemon process (see helpers.py for why).
@@ -9,14 +10,38 @@ from __future__ import annotations
 import hashlib
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
 from sandman.daemon.config import DaemonConfig
+from sandman.daemon.http import HTTPServer
 from sandman.daemon.server import create_app
 
 TOKEN = "in-process"
+
+
+class TestClient:
+    """Just enough of a client: relative paths on one aiohttp session."""
+
+    __test__ = False
+
+    def __init__(self, session: aiohttp.ClientSession, base: str) -> None:
+        self.session = session
+        self.base = base
+
+    def request(self, method: str, path: str, **kw: Any) -> Any:
+        return self.session.request(method, self.base + path, **kw)
+
+    def get(self, path: str, **kw: Any) -> Any:
+        return self.request("GET", path, **kw)
+
+    def put(self, path: str, **kw: Any) -> Any:
+        return self.request("PUT", path, **kw)
+
+    def delete(self, path: str, **kw: Any) -> Any:
+        return self.request("DELETE", path, **kw)
 
 
 @pytest.fixture
@@ -30,9 +55,13 @@ async def client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterat
         temp_dirs=(),
     )
     app = create_app(config, env={"PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path / "d")})
-    async with TestClient(TestServer(app)) as c:
-        c.session.headers["Authorization"] = f"Bearer {TOKEN}"
-        yield c
+    app.state.started = True  # no startup(): it would install a SIGCHLD handler here
+    server = HTTPServer(app.dispatch)
+    port = await server.start("127.0.0.1", 0)
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with aiohttp.ClientSession(headers=headers) as session:
+        yield TestClient(session, f"http://127.0.0.1:{port}")
+    await server.close(1.0)
 
 
 async def test_routes_answer_json_errors(client: TestClient) -> None:
