@@ -28,6 +28,8 @@ ANN_EXIT_WITH_COMMAND = PREFIX + "exit-with-command"  # "true": the pod ends wit
 ANN_INJECTED = PREFIX + "injected"  # daemon version; the idempotency marker
 LABEL_ID = PREFIX + "id"  # random sandbox id (the token is derived from it)
 ANN_EXPIRES_AT = PREFIX + "expires-at"  # RFC 3339; clients may move it later
+ANN_ADMITTED = PREFIX + "admitted"  # admission marker: only the webhook can compute it
+ANN_KEY_ID = PREFIX + "key-id"  # generation of the cluster key the token derives from
 LABEL_POOL = PREFIX + "pool"
 LABEL_STATE = PREFIX + "state"  # warm pools: STATE_IDLE until claimed
 LABEL_CLAIM = PREFIX + "claim"  # CLAIM_HELD from the moment a pool pod is claimed
@@ -75,6 +77,7 @@ REASON_IDLE = "IdleReclaimed"
 REASON_STUCK = "StuckReclaimed"
 REASON_STUCK_REPORTED = "SandboxStuck"  # a controller-owned sandbox left to its owner
 REASON_EXITED = "Exited"
+REASON_SCHEDULER_NOT_RUNNING = "SchedulerNotRunning"  # a sandbox names a stopped scheduler
 
 # ASCII digits only: \d would also take Arabic-Indic or full-width digits,
 # which no Kubernetes tool writes and a reviewer would not read as numbers.

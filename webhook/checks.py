@@ -10,8 +10,7 @@ final pod (after every mutation); ``review`` adds the UPDATE-only rules.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any
 
 from sandman.contract import (
@@ -19,38 +18,24 @@ from sandman.contract import (
     ANN_PROFILE,
     ANN_TTL,
     ContractError,
-    annotations,
     format_duration,
     parse_duration,
 )
 from sandman.quantity import parse_quantity
+from sandman.webhook.confinement import (
+    capabilities,
+    host_namespaces,
+    host_paths,
+    host_ports,
+    privileged,
+    probe_host,
+    proc_mount,
+    share_process_namespace,
+    sysctls,
+    unconfined,
+)
 from sandman.webhook.policy import RuleSet, Violation, profile_of
-
-
-@dataclass(frozen=True)
-class Subject:
-    """What every check reads: the pod, the rule set that governs it, and the
-    images trusted whatever the registries (the injected daemon's)."""
-
-    pod: dict[str, Any]
-    rule: RuleSet
-    trusted_images: frozenset[str] = frozenset()
-
-    @property
-    def spec(self) -> dict[str, Any]:
-        return self.pod.get("spec") or {}
-
-    @property
-    def containers(self) -> list[dict[str, Any]]:
-        spec = self.spec
-        return [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
-
-    @property
-    def annotations(self) -> dict[str, str]:
-        return annotations(self.pod)
-
-
-Check = Callable[[Subject], Iterator[Violation]]
+from sandman.webhook.subject import Check, Subject
 
 
 def registry_allowed(image: str, patterns: tuple[str, ...]) -> bool:
@@ -67,71 +52,6 @@ def _registry(s: Subject) -> Iterator[Violation]:
                 "registry",
                 f"container {c.get('name', '?')}: image {image!r} is not from an allowed registry",
                 f"use an image matching one of {list(allowed)}",
-            )
-
-
-def _privileged(s: Subject) -> Iterator[Violation]:
-    if s.rule.allow_privileged:
-        return
-    for c in s.containers:
-        sc = c.get("securityContext") or {}
-        if sc.get("privileged"):
-            yield Violation(
-                "privileged",
-                f"container {c.get('name', '?')} is privileged",
-                "remove securityContext.privileged",
-            )
-        if sc.get("allowPrivilegeEscalation"):
-            yield Violation(
-                "privilege-escalation",
-                f"container {c.get('name', '?')} allows privilege escalation",
-                "remove securityContext.allowPrivilegeEscalation",
-            )
-
-
-def _capabilities(s: Subject) -> Iterator[Violation]:
-    granted = set(s.rule.allowed_capabilities)
-    for c in s.containers:
-        added = set(((c.get("securityContext") or {}).get("capabilities") or {}).get("add") or [])
-        extra = sorted(added - granted)
-        if extra:
-            yield Violation(
-                "capabilities",
-                f"container {c.get('name', '?')} adds capabilities {extra}",
-                "drop them from securityContext.capabilities.add "
-                f"(allowed: {list(s.rule.allowed_capabilities)})",
-            )
-
-
-def _host_namespaces(s: Subject) -> Iterator[Violation]:
-    if s.rule.allow_host_namespaces:
-        return
-    for f in ("hostNetwork", "hostPID", "hostIPC"):
-        if s.spec.get(f):
-            yield Violation("host-namespaces", f"spec.{f} is set", f"remove spec.{f}")
-
-
-def _host_ports(s: Subject) -> Iterator[Violation]:
-    if s.rule.allow_host_ports:
-        return
-    for c in s.containers:
-        if any(p.get("hostPort") for p in c.get("ports") or []):
-            yield Violation(
-                "host-ports",
-                f"container {c.get('name', '?')} uses a hostPort",
-                "remove ports[].hostPort",
-            )
-
-
-def _host_paths(s: Subject) -> Iterator[Violation]:
-    if s.rule.allow_host_paths:
-        return
-    for vol in s.spec.get("volumes") or []:
-        if "hostPath" in vol:
-            yield Violation(
-                "host-paths",
-                f"volume {vol.get('name')} is a hostPath",
-                "use an emptyDir or a PVC instead",
             )
 
 
@@ -239,11 +159,16 @@ def _profile(s: Subject) -> Iterator[Violation]:
 # The denial table (docs/policy.md), in its order: rule ids -> check.
 CHECKS: tuple[tuple[tuple[str, ...], Check], ...] = (
     (("registry",), _registry),
-    (("privileged", "privilege-escalation"), _privileged),
-    (("capabilities",), _capabilities),
-    (("host-namespaces",), _host_namespaces),
-    (("host-ports",), _host_ports),
-    (("host-paths",), _host_paths),
+    (("privileged", "privilege-escalation"), privileged),
+    (("capabilities",), capabilities),
+    (("host-namespaces",), host_namespaces),
+    (("host-ports",), host_ports),
+    (("host-paths",), host_paths),
+    (("probe-host",), probe_host),
+    (("share-process-namespace",), share_process_namespace),
+    (("seccomp", "apparmor", "selinux"), unconfined),
+    (("proc-mount",), proc_mount),
+    (("sysctls",), sysctls),
     (("service-account-token",), _service_account_token),
     (("runtime-class",), _runtime_class),
     (("resources-max", "resources"), _resources_max),

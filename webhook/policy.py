@@ -77,6 +77,10 @@ class RuleSet:
     allowed_capabilities: tuple[str, ...] = ()
     allow_service_account_token: bool = False
     allow_service_links: bool = False
+    # seccomp / AppArmor Unconfined, SELinux types outside the container ones.
+    allow_unconfined: bool = False
+    allowed_sysctls: tuple[str, ...] = ()  # beyond the safe set; "prefix.*" patterns
+    allow_share_process_namespace: bool = False
     default_requests: dict[str, str] = field(default_factory=dict)
     default_limits: dict[str, str] = field(default_factory=dict)
     max_resources: dict[str, str] = field(default_factory=dict)
@@ -232,12 +236,17 @@ def _rule(raw: Any, index: int) -> RuleSet:
         allowed_capabilities=caps or (),
         allow_service_account_token=f.flag("allowServiceAccountToken", False),
         allow_service_links=f.flag("allowServiceLinks", False),
+        allow_unconfined=f.flag("allowUnconfined", False),
+        allowed_sysctls=f.str_list("allowedSysctls", pattern=SYSCTL_RE, what="sysctl name") or (),
+        allow_share_process_namespace=f.flag("allowShareProcessNamespace", False),
         default_requests=defaults.quantities("requests", RESOURCE_NAMES),
         default_limits=defaults.quantities("limits", RESOURCE_NAMES),
         max_resources=res.quantities("max", RESOURCE_NAMES),
         default_ttl=ttl.duration("default", dt.timedelta(hours=2)),  # type: ignore[arg-type]
         max_ttl=ttl.duration("max", dt.timedelta(hours=24)),  # type: ignore[arg-type]
-        default_idle_timeout=idle.duration("default", None),
+        # A maximum with no default is the default: else a pod that names no
+        # idle timeout would have none, past the maximum.
+        default_idle_timeout=idle.duration("default", None) or idle.duration("max", None),
         max_idle_timeout=idle.duration("max", None),
         profiles=profiles,
         default_profile=f.text("defaultProfile", "rollout") or "rollout",

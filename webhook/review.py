@@ -12,28 +12,24 @@ import base64
 import datetime as dt
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from sandman.contract import (
-    ANN_EXPIRES_AT,
     CLAIM_HELD,
     LABEL_CLAIM,
-    LABEL_ID,
-    LABEL_SANDBOX,
     LABEL_STATE,
     NAMESPACE,
     STATE_CLAIMED,
-    ContractError,
-    annotations,
     is_sandbox,
     labels,
-    parse_time,
 )
 from sandman.webhook.checks import check
 from sandman.webhook.mutate import InjectionSettings, MutationError, mutate
 from sandman.webhook.policy import Policy, RuleSet, Violation
+from sandman.webhook.rewrite import ImageFacts
+from sandman.webhook.updates import HARD_RULES, update_violations
 
 log = logging.getLogger("sandman.webhook")
 
@@ -72,6 +68,7 @@ class Review:
     dry_run: bool
     kind: str
     username: str = ""
+    subresource: str = ""  # "ephemeralcontainers" (kubectl debug), "resize", ...
 
 
 def parse_review(body: Any) -> Review:
@@ -95,6 +92,7 @@ def parse_review(body: Any) -> Review:
         dry_run=bool(req.get("dryRun")),
         kind=kind,
         username=(req.get("userInfo") or {}).get("username", ""),
+        subresource=req.get("subResource") or "",
     )
 
 
@@ -134,6 +132,8 @@ class Context:
     now: Callable[[], dt.datetime]
     new_id: Callable[[], str]
     token_hash_for: Callable[[str, str], str]  # (namespace, sandbox id) -> sha256 hex
+    # What the server read from registries before deciding (None: lookups off).
+    images: Mapping[str, ImageFacts] | None = None
 
     def rule_for(self, namespace: str) -> RuleSet:
         return self.policy().select(self.namespace_labels(namespace))
@@ -158,9 +158,11 @@ def decide_mutation(ctx: Context, r: Review) -> Outcome:
             now=ctx.now(),
             new_id=ctx.new_id,
             token_hash_for=lambda sid: ctx.token_hash_for(r.namespace, sid),
+            images=ctx.images,
         )
     except MutationError as e:
-        return Outcome(False, message=f"sandman: {e}", result="denied", rule_ids=["contract"])
+        message = f"sandman: {e}" if e.rule == "contract" else str(e)
+        return Outcome(False, message=message, result="denied", rule_ids=[e.rule], mode=rule.mode)
     return Outcome(
         True,
         patch=m.patch,
@@ -211,52 +213,19 @@ def _apply_mode(violations: list[Violation], rule: RuleSet) -> Outcome:
 
 def _validate_update(ctx: Context, r: Review, rule: RuleSet) -> Outcome:
     old, new = r.old or {}, r.obj
-    if not is_sandbox(old):
+    if not is_sandbox(old) and not is_sandbox(new):
         return Outcome(True, result="skipped")
-    violations = []
-    if labels(new).get(LABEL_SANDBOX) != "true":
-        violations.append(
-            Violation(
-                "sandbox-label",
-                f"label {LABEL_SANDBOX} cannot be removed from a sandbox "
-                "(it would escape its lease)",
-                "delete the pod instead",
-            )
-        )
-    if labels(old).get(LABEL_ID) and labels(new).get(LABEL_ID) != labels(old).get(LABEL_ID):
-        violations.append(
-            Violation(
-                "sandbox-id",
-                f"label {LABEL_ID} is immutable (the access token derives from it)",
-                "leave the label as the webhook set it",
-            )
-        )
-    new_exp = annotations(new).get(ANN_EXPIRES_AT)
-    if new_exp is not None and new_exp != annotations(old).get(ANN_EXPIRES_AT):
-        created = (old.get("metadata") or {}).get("creationTimestamp")
-        try:
-            exp = parse_time(new_exp, field=ANN_EXPIRES_AT)
-            start = parse_time(created, field="creationTimestamp") if created else ctx.now()
-        except ContractError as e:
-            violations.append(
-                Violation("lease-format", str(e), "use RFC 3339, e.g. 2026-11-30T12:00:00Z")
-            )
-        else:
-            if exp > start + rule.max_ttl:
-                limit = start + rule.max_ttl
-                violations.append(
-                    Violation(
-                        "lease-max",
-                        f"{ANN_EXPIRES_AT}={new_exp} is past the maximum lifetime "
-                        f"({limit.strftime('%Y-%m-%dT%H:%M:%SZ')})",
-                        "extend the lease to at most creation time + the policy's max TTL",
-                    )
-                )
+    violations = update_violations(
+        old,
+        new,
+        rule,
+        trusted_images=frozenset({ctx.settings.daemon_image}),
+        now=ctx.now(),
+    )
     if not violations:
         return Outcome(True, result="allowed")
-    # Contract breaches (label, id) are denied in every mode; lease limits follow it.
-    hard = [v for v in violations if v.rule in ("sandbox-label", "sandbox-id")]
-    if hard:
+    if any(v.rule in HARD_RULES for v in violations):
+        # Contract breaches are denied in every mode; the rest follow it.
         return Outcome(
             False,
             message=_denial(violations, rule),

@@ -310,3 +310,9 @@ def test_huge_durations_are_denied_with_a_clear_message_not_a_500(value: str) ->
     c = ctx(parse_policy(POLICY), {"tier": "prod"})
     checked = decide_validation(c, parse_review(review(p)))
     assert not checked.allowed and checked.rule_ids == ["ttl-format"]
+
+
+def test_an_idle_maximum_without_a_default_is_the_default() -> None:
+    # Else a pod that names no idle timeout would have none, past the maximum.
+    rule = parse_policy({"rules": [{"name": "r", "idleTimeout": {"max": "1h"}}]}).rules[0]
+    assert rule.default_idle_timeout == rule.max_idle_timeout == dt.timedelta(hours=1)
