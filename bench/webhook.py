@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import concurrent.futures as cf
 import json
-import ssl
 import time
 import uuid
 from typing import Any
@@ -27,6 +26,7 @@ from sandman.bench.report import percentile, table
 from sandman.contract import ANN_TTL, LABEL_SANDBOX
 from sandman.harness.cluster.kwok_nodes import KWOK_IMAGE, on_kwok
 from sandman.harness.kube import api_client
+from sandman.harness.probes import insecure_context
 from sandman.harness.testing import bench_bed
 
 
@@ -82,9 +82,7 @@ def _review(uid: str, obj: dict[str, Any]) -> dict[str, Any]:
 
 
 async def admission_latency(url: str, rate: float, seconds: float) -> dict[str, list[float]]:
-    ctx = ssl.create_default_context()
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_NONE
+    ctx = insecure_context()
     obj = _pod({LABEL_SANDBOX: "true"})
     injected = None
     out: dict[str, list[float]] = {"mutate": [], "validate": []}

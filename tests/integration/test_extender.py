@@ -31,6 +31,7 @@ from sandman.harness.cluster.kwok_nodes import KWOK_TOLERATION, kwok_node
 from sandman.harness.cluster.local import LocalCluster
 from sandman.harness.cluster.process import ManagedProcess, wait_until
 from sandman.harness.kube import raw
+from sandman.harness.probes import insecure_context
 from sandman.harness.testing import free_port, wait_for
 
 TEST_LABEL = "sandman.dev/extender-test"
@@ -90,9 +91,7 @@ def bed(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
         extenders=(extender_spec(ext_port),),
     )
     b = Bed(tid, name, extender, scheduler, f"http://127.0.0.1:{ext_port}")
-    insecure = ssl.create_default_context()
-    insecure.check_hostname = False
-    insecure.verify_mode = ssl.CERT_NONE
+    insecure = insecure_context()
     try:
         b.start_extender()
         scheduler.start()

@@ -12,7 +12,6 @@ import asyncio
 import base64
 import datetime as dt
 import socket
-import ssl
 import threading
 import uuid
 from pathlib import Path
@@ -25,6 +24,7 @@ from sandman.contract import LABEL_SANDBOX
 from sandman.harness.cluster.kwok_nodes import KWOK_IMAGE, on_kwok
 from sandman.harness.cluster.local import LocalCluster
 from sandman.harness.kube import api_client
+from sandman.harness.probes import insecure_context
 from sandman.kube_async import MUTATING_WEBHOOKS, KubeClient
 from sandman.webhook.certs import CABUNDLE_SETTLE, CertManager
 from sandman.webhook.config import WebhookConfig
@@ -32,9 +32,7 @@ from sandman.webhook.server import create_app
 
 
 def _served_fingerprint(port: int) -> bytes:
-    ctx = ssl.create_default_context()
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_NONE
+    ctx = insecure_context()
     with socket.create_connection(("127.0.0.1", port)) as s, ctx.wrap_socket(s) as tls:
         return tls.getpeercert(binary_form=True) or b""
 

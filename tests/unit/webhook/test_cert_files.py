@@ -12,6 +12,7 @@ from aiohttp import web
 from cryptography import x509
 
 from sandman import tls
+from sandman.harness.probes import insecure_context
 from sandman.webhook.certs import CertManager
 
 NOW = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)  # pinned: the test client checks no dates
@@ -28,10 +29,7 @@ def write_pair(tmp: Path, ca: tls.KeyPair) -> int:
 
 async def served_serial(port: int) -> int:
     """Handshake with the server and return the serial of the certificate it presented."""
-    client = ssl.create_default_context()
-    client.check_hostname = False
-    client.verify_mode = ssl.CERT_NONE
-    _, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client)
+    _, writer = await asyncio.open_connection("127.0.0.1", port, ssl=insecure_context())
     der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
     writer.close()
     await writer.wait_closed()
