@@ -1,7 +1,8 @@
 """Build the upstream binaries from the Go module proxy, cached by version.
 
-Each set (kube, etcd, kwok) is pinned by a small Go module under ``hack/`` whose
-``tool`` directives name the main packages; ``go build`` resolves them through
+Each set (kube, etcd, kwok, critools, gvisor) is pinned by a small Go module
+under ``hack/`` whose ``tool`` directives (or, for gVisor's shim, a main package
+of its own) name the main packages; ``go build`` resolves them through
 the module proxy. Output lands in ``<cache>/<set>/<version>/bin/`` and is built
 only when a binary is missing. A build goes to a temporary directory and is
 renamed into place, so an interrupted build never leaves a half-filled ``bin/``;
@@ -30,6 +31,12 @@ HACK_DIR = Path(os.environ.get("SANDMAN_HACK_DIR", REPO_ROOT / "hack"))
 # "archive" (upstream's word for builds from a source tarball) instead of
 # pretending to know a git hash.
 KUBE_BUILD_DATE = {"v1.34.4": "2026-02-10T12:53:36Z"}
+
+
+# containerd finds a shim by name on its PATH: runtime_type io.containerd.runsc.v1
+# -> containerd-shim-runsc-v1.
+GVISOR_SHIM = "containerd-shim-runsc-v1"
+GVISOR_SHIM_PACKAGE = "sandman.dev/hack/gvisor/cmd/containerd-shim-runsc-v1"
 
 
 @dataclass(frozen=True)
@@ -90,6 +97,17 @@ def binary_sets(versions: Versions) -> list[BinarySet]:
             (("sigs.k8s.io/cri-tools/cmd/crictl", "crictl"),),
             f"-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version={versions.critools}",
         ),
+        # The real node's second runtime (RuntimeClass gvisor, handler runsc).
+        # The shim's main is ours (hack/gvisor/cmd/...: why, in its doc comment).
+        BinarySet(
+            "gvisor",
+            versions.gvisor,
+            (
+                ("gvisor.dev/gvisor/runsc", "runsc"),
+                (GVISOR_SHIM_PACKAGE, GVISOR_SHIM),
+            ),
+            f"-s -w -X gvisor.dev/gvisor/runsc/version.version={versions.gvisor}",
+        ),
     ]
 
 
@@ -105,10 +123,13 @@ class Binaries:
     kubectl: Path
     kwok: Path
     crictl: Path
+    runsc: Path
+    containerd_shim_runsc: Path
 
     @classmethod
     def in_cache(cls, cache_dir: Path, versions: Versions) -> Binaries:
         kube = cache_dir / "kube" / versions.kubernetes / "bin"
+        gvisor = cache_dir / "gvisor" / versions.gvisor / "bin"
         return cls(
             etcd=cache_dir / "etcd" / versions.etcd / "bin" / "etcd",
             kube_apiserver=kube / "kube-apiserver",
@@ -118,6 +139,8 @@ class Binaries:
             kubectl=kube / "kubectl",
             kwok=cache_dir / "kwok" / versions.kwok / "bin" / "kwok",
             crictl=cache_dir / "critools" / versions.critools / "bin" / "crictl",
+            runsc=gvisor / "runsc",
+            containerd_shim_runsc=gvisor / GVISOR_SHIM,
         )
 
     def missing(self) -> list[Path]:

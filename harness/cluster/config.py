@@ -24,6 +24,10 @@ ETCD_VERSION = "v3.5.35"
 KWOK_VERSION = "v0.7.0"
 # crictl of the same minor as Kubernetes: the real node's teardown uses it.
 CRITOOLS_VERSION = "v1.34.0"
+# gVisor (runsc + our containerd shim main, hack/gvisor): the module proxy
+# serves only pseudo-versions of its go branch (`go list -m gvisor.dev/gvisor@latest`
+# on 2026-12-01); this one runs here on the systrap platform (docs/local-cluster.md).
+GVISOR_VERSION = "v0.0.0-20260905035102-160fafc42237"
 
 # Kubernetes' own service range default; it and KWOK_POD_CIDR stay inside 10/8 so
 # nothing overlaps the host's 192.0.2.0/24. KWOK pod IPs are never routed: they
@@ -53,6 +57,7 @@ class Versions:
     etcd: str = ETCD_VERSION
     kwok: str = KWOK_VERSION
     critools: str = CRITOOLS_VERSION
+    gvisor: str = GVISOR_VERSION
 
 
 @dataclass(frozen=True)
