@@ -167,7 +167,7 @@ class LocalCluster:
     def daemon_image(self) -> str:
         """The daemon image reference the webhook injects (content-keyed tag)."""
         registry = self.config.real_node.registry
-        return image_ref("daemon", registry, self.config.cache_dir)
+        return image_ref("daemon", registry, self.config.cache_dir, version="dev")
 
     def _control_plane(self) -> list[ManagedProcess]:
         lay, bins, cfg = self.layout, self.binaries, self.config
@@ -266,7 +266,7 @@ class LocalCluster:
         if self.real_node:
             # Pods on the real node pull it; kwok pods only carry the name.
             ImageBuilder(self.config.cache_dir, self._progress).build_and_push(
-                "daemon", self.real_node.registry
+                "daemon", self.real_node.registry, version="dev"
             )
         LocalDeployment(self.config, self.layout, image, self._progress).up()
 

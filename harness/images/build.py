@@ -12,22 +12,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandman.harness.cluster.config import default_cache_dir
-from sandman.harness.images import daemon_binary
+from sandman.harness.images import components
 from sandman.harness.images.oci import (
     MEDIA_LAYER_GZIP,
     Blob,
     BlobStore,
     Image,
-    ImageConfig,
     Layer,
     assemble,
     layer_from_dir,
+    unpack,
 )
 from sandman.harness.images.recipes import RECIPES, Recipe
 from sandman.harness.images.registry import Registry
+from sandman.install.images import COMPONENTS
 
 DEFAULT_REGISTRY = "127.0.0.1:5000"
-DAEMON_IMAGE = "daemon"
 
 Progress = Callable[[str], None]
 
@@ -48,47 +48,28 @@ class BuiltImage:
     uploaded_bytes: int
 
 
-IMAGE_NAMES = (*sorted(RECIPES), DAEMON_IMAGE)
+# Test and harness images (recipes.py), then Sandman's components (components.py).
+IMAGE_NAMES = (*sorted(RECIPES), *COMPONENTS)
 
 
-def recipe(name: str, cache_dir: Path | None = None) -> Recipe:
-    if name == DAEMON_IMAGE:
-        return daemon_recipe(cache_dir or default_cache_dir())
+def recipe(name: str, cache_dir: Path | None = None, version: str | None = None) -> Recipe:
+    """The recipe of ``name``; components are tagged with ``version`` (see components.py)."""
+    cache_dir = cache_dir or default_cache_dir()
+    if name in COMPONENTS:
+        return components.recipe(name, cache_dir, components.resolve_version(version, cache_dir))
     try:
         return RECIPES[name]
     except KeyError:
         raise ImageBuildError(f"unknown image {name!r}; known: {', '.join(IMAGE_NAMES)}") from None
 
 
-def daemon_recipe(cache_dir: Path) -> Recipe:
-    """The `daemon` image: the static `sandmand` (plus /tmp for its unpacking).
-
-    Its tag carries the executable's content key, so a changed daemon gets a
-    new reference and nodes never run a stale cached copy under an old tag.
-    """
-    key = daemon_binary.current_key()
-
-    def fill(root: Path) -> None:
-        exe = daemon_binary.ensure_daemon_binary(cache_dir)
-        shutil.copy2(exe, root / "sandmand")
-        (root / "sandmand").chmod(0o755)
-        # `sandmand install` runs in this image: staticx unpacks into $TMPDIR
-        # or /tmp before anything else happens, so /tmp must exist.
-        (root / "tmp").mkdir(mode=0o1777)
-        (root / "tmp").chmod(0o1777)
-
-    return Recipe(
-        name=DAEMON_IMAGE,
-        tag=f"{daemon_binary.daemon_version()}-{key[:12]}",
-        layers=((f"daemon-{key}", fill),),
-        config=ImageConfig(
-            entrypoint=("/sandmand",), cmd=("version",), user="0:0", env=("PATH=/",)
-        ),
-    )
-
-
-def image_ref(name: str, registry: str = DEFAULT_REGISTRY, cache_dir: Path | None = None) -> str:
-    r = recipe(name, cache_dir)
+def image_ref(
+    name: str,
+    registry: str = DEFAULT_REGISTRY,
+    cache_dir: Path | None = None,
+    version: str | None = None,
+) -> str:
+    r = recipe(name, cache_dir, version)
     return f"{registry}/{r.repo}:{r.tag}"
 
 
@@ -144,17 +125,39 @@ class ImageBuilder:
         )
         return layer
 
-    def build(self, name: str) -> Image:
-        r = recipe(name, self.cache_dir)
+    def build(self, name: str, version: str | None = None) -> Image:
+        r = recipe(name, self.cache_dir, version)
         missing = [cmd for cmd in r.needs if shutil.which(cmd) is None]
         if missing:
             raise ImageBuildError(f"image {name} needs {', '.join(missing)} on PATH")
         layers = [self.layer(key, fill) for key, fill in r.layers]
-        return assemble(layers, r.config, self.store)
+        image = assemble(layers, r.config, self.store)
+        if r.verify is not None:
+            self._verify(name, image, r.verify)
+        return image
 
-    def build_and_push(self, name: str, registry: Registry) -> BuiltImage:
-        image = self.build(name)
-        r = recipe(name, self.cache_dir)
+    def _verify(self, name: str, image: Image, check: Callable[[Path], None]) -> None:
+        marker = self.root / "verified" / image.manifest.digest.replace(":", "-")
+        if marker.exists():
+            return
+        work = Path(tempfile.mkdtemp(prefix=f"sandman-verify-{name}-"))
+        try:
+            unpack(image, self.store, work)
+            check(work)
+        except Exception as e:
+            raise ImageBuildError(f"image {name} failed its check: {e}") from e
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+
+    def build_and_push(
+        self, name: str, registry: Registry, version: str | None = None
+    ) -> BuiltImage:
+        """Build and push to a loopback registry (the harness's own, plain HTTP);
+        any other registry goes through `sandman image push` (skopeo, auth, TLS)."""
+        r = recipe(name, self.cache_dir, version)
+        image = self.build(name, r.tag if name in COMPONENTS else None)
         if not registry.ping():
             raise ImageBuildError(
                 f"registry {registry.host} is not answering; start it with "

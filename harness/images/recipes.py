@@ -36,10 +36,15 @@ class Recipe:
     layers: tuple[tuple[str, LayerFn], ...]  # (cache key, fill function)
     config: ImageConfig
     needs: tuple[str, ...] = field(default=())  # host commands the recipe runs
+    # Component images are `sandman-<name>` under the registry (prefix);
+    # the test images live under `sandman/`.
+    repository: str | None = None
+    # Checks the assembled image, unpacked into a dir (once per manifest digest).
+    verify: Callable[[Path], None] | None = None
 
     @property
     def repo(self) -> str:
-        return f"sandman/{self.name}"
+        return self.repository or f"sandman/{self.name}"
 
 
 def _run(*argv: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> None:
