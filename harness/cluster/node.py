@@ -21,7 +21,7 @@ from pathlib import Path
 
 from kubernetes.client import CoreV1Api
 
-from sandman.harness.cluster import hostsetup
+from sandman.harness.cluster import gvisor, hostsetup
 from sandman.harness.cluster import realnode as rn
 from sandman.harness.cluster.binaries import Binaries
 from sandman.harness.cluster.components import Layout, write_yaml
@@ -61,19 +61,31 @@ class RealNode:
     def registry(self) -> Registry:
         return Registry(self.node.registry)
 
-    def _proc(self, name: str, argv: list[str], stop_timeout_s: float = 10.0) -> ManagedProcess:
+    def _proc(
+        self,
+        name: str,
+        argv: list[str],
+        stop_timeout_s: float = 10.0,
+        env: dict[str, str] | None = None,
+    ) -> ManagedProcess:
         return ManagedProcess(
             name=name,
             argv=tuple(argv),
             run_dir=self.layout.run,
             log_dir=self.layout.logs,
             stop_timeout_s=stop_timeout_s,
+            env=env,
         )
 
     def processes(self) -> list[ManagedProcess]:
         return [
             self._proc("registry", rn.registry_argv(self.lay)),
-            self._proc("containerd", rn.containerd_argv(self.lay)),
+            self._proc(
+                "containerd",
+                rn.containerd_argv(self.lay),
+                # gVisor's shim is found on containerd's PATH.
+                env=gvisor.containerd_env(self.binaries.containerd_shim_runsc.parent),
+            ),
             self._proc("kubelet", rn.kubelet_argv(self.binaries.kubelet, self.config, self.lay)),
         ]
 
@@ -129,6 +141,8 @@ class RealNode:
         self._start_and_wait(procs["containerd"], checks)
         self._start_and_wait(procs["kubelet"], checks)
         self._wait_node_ready(procs["kubelet"])
+        gvisor.ensure_runtime_class(api_client(self.layout.admin_kubeconfig))
+        self.progress(f"  RuntimeClass {gvisor.RUNTIME_CLASS} (handler {gvisor.HANDLER})")
 
     def _start_and_wait(self, proc: ManagedProcess, checks: dict[str, Callable[[], bool]]) -> None:
         t = time.monotonic()
@@ -173,6 +187,7 @@ class RealNode:
         ):
             d.mkdir(parents=True, exist_ok=True)
         lay.containerd_config.write_text(rn.containerd_config(node, lay))
+        lay.runsc_config.write_text(gvisor.runsc_toml(self.binaries.runsc, lay.runsc_root))
         hosts = lay.registry_hosts_dir / node.registry / "hosts.toml"
         hosts.parent.mkdir(parents=True, exist_ok=True)
         hosts.write_text(rn.registry_hosts_toml(node))
@@ -208,6 +223,8 @@ class RealNode:
             stopped.append("containerd")
         # Shims outlive containerd by design; ours carry our socket path.
         hostsetup.kill_processes_with_arg(str(self.lay.containerd_socket))
+        for what in gvisor.teardown(self.lay.runsc_root):
+            self.progress(f"  gvisor: {what}")
         if self.lay.root.exists():
             hostsetup.unmount_under(self.lay.root)
         left = hostsetup.remove_cgroup_root(self.node.cgroup_root)

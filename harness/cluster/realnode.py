@@ -11,6 +11,8 @@ an empty cgroup2 mount at /sys/fs/cgroup/unified, containerd 1.6.20, runc
   cannot lower it and fails with "can't get final child's PID from pipe: EOF"
   (the real cause shows only in runc's debug log). Restricting clamps the
   value to containerd's own (0).
+- A second runtime, ``runsc`` (gVisor), for RuntimeClass ``gvisor``: see
+  ``sandman.harness.cluster.gvisor``.
 - ``failSwapOn: false``: no swap here, but CI machines may have some.
 - The node's InternalIP is the host's address on our pod bridge: the kubelet
   refuses a loopback node IP, and the bridge never leaves the machine.
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sandman.harness.cluster import gvisor
 from sandman.harness.cluster.config import ClusterConfig, RealNodeConfig
 from sandman.harness.cluster.kwok_nodes import NODE_KIND_LABEL
 
@@ -55,6 +58,14 @@ class NodeLayout:
     @property
     def runc_root(self) -> Path:
         return self.containerd_dir / "runc"
+
+    @property
+    def runsc_root(self) -> Path:
+        return self.containerd_dir / "runsc"
+
+    @property
+    def runsc_config(self) -> Path:
+        return self.containerd_dir / "runsc.toml"
 
     @property
     def registry_hosts_dir(self) -> Path:
@@ -125,7 +136,7 @@ disabled_plugins = [
         SystemdCgroup = false
         BinaryName = "{RUNC}"
         Root = "{lay.runc_root}"
-  [{cri}.cni]
+{gvisor.containerd_runtime(cri, lay.runsc_config)}  [{cri}.cni]
     bin_dir = "{CNI_BIN_DIR}"
     conf_dir = "{lay.cni_conf_dir}"
     max_conf_num = 1
