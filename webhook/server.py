@@ -134,7 +134,7 @@ async def _admit(request: web.Request, endpoint: str) -> web.Response:
             raise WebhookError("the body is not JSON") from None
         review = parse_review(body)
     except WebhookError as e:
-        st.metrics.admissions.labels(endpoint, "malformed", "").inc()
+        st.metrics.malformed(endpoint)
         return web.json_response({"error": str(e)}, status=e.status)
     await _namespace_labels_for(st, review.namespace)
     ctx = st.context()
