@@ -230,7 +230,7 @@ def summarize(
     requests = sum(
         v
         for k, v in m.items()
-        if k.startswith("sandman_reaper_api_requests{") and 'verb="WATCH"' not in k
+        if k.startswith("sandman_reaper_api_requests_total{") and 'verb="WATCH"' not in k
     )
     return {
         "sandboxes": args.sandboxes,

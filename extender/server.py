@@ -109,6 +109,7 @@ async def prioritize_handler(request: web.Request) -> web.Response:
     result = prioritize_pod(st.index, args, st.config.score)
     body = result.body()
     st.metrics.observe("prioritize", 200, time.perf_counter() - t0)
+    st.metrics.observe_placement(result.facts, result.ranking.winner)
     if log.isEnabledFor(logging.DEBUG):
         log.debug(
             "prioritized %s/%s over %d nodes: winner %s",

@@ -58,8 +58,11 @@ async def readyz(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     st = request.app[STATE]
-    for verb, n in st.client.requests.items():
-        st.metrics.api_requests.labels(verb).set(n)
+    r = st.reaper
+    cache = None
+    if r is not None and r.is_leader() and r.informer.synced.is_set():
+        cache = (r.informer.store.values(), r.clock())  # the inventory: leader only
+    st.metrics.refresh(st.client.requests, cache)
     return metrics_response(st.metrics.registry)
 
 
