@@ -1,17 +1,17 @@
 """`sandmand`: the in-sandbox daemon's command line.
 
 sandmand serve --listen HOST:PORT [--workspace DIR] [-- ORIGINAL COMMAND...]
-sandmand install DIR      # copy this executable into DIR (init container)
+sandmand install DIR [--shared NODE_DIR]   # place the runtime tree (init container)
 sandmand version
+
+Only the standard library modules serving needs are imported up front;
+install, reset, tar and status import theirs when they run.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import sys
-from pathlib import Path
 
 from sandman.daemon import __version__
 from sandman.daemon.config import DAEMON_DIR, DEFAULT_PORT, from_args
@@ -45,17 +45,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="the container's own readinessProbe (Kubernetes Probe JSON); GET /readyz checks it",
     )
     s.add_argument("command", nargs=argparse.REMAINDER, help="-- original command and args")
-    i = sub.add_parser("install", help="copy this executable into DIR")
+    i = sub.add_parser("install", help="place the daemon's runtime tree in DIR (init container)")
     i.add_argument("dir")
+    i.add_argument(
+        "--shared",
+        metavar="NODE_DIR",
+        default=None,
+        help="install once into NODE_DIR (a node directory shared by pods); DIR/rt links to it",
+    )
     sub.add_parser("version")
     return p
-
-
-def _self_executable() -> Path:
-    # Frozen: sys.executable is the bootloader binary that carries everything.
-    # staticx runs that binary from a temp dir and names the original in
-    # STATICX_PROG_PATH, which is what must be copied.
-    return Path(os.environ.get("STATICX_PROG_PATH") or sys.executable)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,13 +63,14 @@ def main(argv: list[str] | None = None) -> int:
         print(__version__)
         return 0
     if args.cmd == "install":
-        dest = Path(args.dir) / "sandmand"
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_suffix(".tmp")
-        shutil.copyfile(_self_executable(), tmp)
-        tmp.chmod(0o755)
-        tmp.replace(dest)
-        print(dest)
+        from sandman.daemon.install import install
+
+        try:
+            where, copied = install(args.dir, args.shared)
+        except (OSError, ValueError) as e:
+            print(f"sandmand install: {e}", file=sys.stderr)
+            return 1
+        print(f"{where} ({'installed' if copied else 'already there'})")
         return 0
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]

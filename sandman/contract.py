@@ -62,6 +62,15 @@ DAEMON_DIR = "/.sandman"  # the daemon's own files; the agent may not touch them
 DAEMON_PORT_NAME = "sandman"
 DAEMON_VOLUME = "sandman-daemon"
 DAEMON_INIT_CONTAINER = "sandman-install"
+# The daemon's runtime tree (interpreter + modules) inside DAEMON_DIR, and how
+# it is started; the ELF interpreter path baked into the tree is absolute, so
+# this path is fixed (harness/images/daemon_binary.py builds it).
+DAEMON_RUNTIME_DIR = DAEMON_DIR + "/rt"
+DAEMON_ARGV = (DAEMON_RUNTIME_DIR + "/bin/sandmand", "-I", "-S", "-m", "sandman.daemon")
+# Opt-in shared mode: a node directory (hostPath) holding each daemon tree
+# once per node, mounted read-only into sandboxes here.
+DAEMON_SHARED_VOLUME = "sandman-daemon-shared"
+DAEMON_SHARED_MOUNT = DAEMON_DIR + "/shared"
 ENV_TOKEN_SHA256 = "SANDMAN_TOKEN_SHA256"  # SHA-256 (hex) of the sandbox's token
 ENV_TOKEN_SHA256_FILE = "SANDMAN_TOKEN_SHA256_FILE"  # ... or a file holding it
 ENV_WORKSPACE = "SANDMAN_WORKSPACE"  # the git checkout /v1/reset restores

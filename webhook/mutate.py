@@ -21,10 +21,13 @@ from sandman.contract import (
     ANN_TOKEN_SHA256,
     ANN_TTL,
     ANN_WORKSPACE,
+    DAEMON_ARGV,
     DAEMON_DIR,
     DAEMON_INIT_CONTAINER,
     DAEMON_PORT,
     DAEMON_PORT_NAME,
+    DAEMON_SHARED_MOUNT,
+    DAEMON_SHARED_VOLUME,
     DAEMON_VOLUME,
     ENV_TMPDIR_ORIG,
     ENV_TOKEN_SHA256,
@@ -53,12 +56,42 @@ from sandman.webhook.rewrite import target_index as _target
 
 VOLUME = DAEMON_VOLUME
 INIT_CONTAINER = DAEMON_INIT_CONTAINER
-OUR_ENV = (ENV_TOKEN_SHA256, ENV_WORKSPACE, ENV_TMPDIR_ORIG, "TMPDIR")
+OUR_ENV = (ENV_TOKEN_SHA256, ENV_WORKSPACE, ENV_TMPDIR_ORIG)
 SA_VOLUME_PREFIX = "kube-api-access-"  # what the ServiceAccount admission plugin adds
 
-# The install step copies one 15 MB file; these fit it with room, and keep a
-# sandbox's resource accounting honest without reserving much.
-INIT_RESOURCES = {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "256Mi"}}
+# The install step copies the daemon's ~14 MB runtime tree once (~0.05
+# CPU-s); its page cache is charged to the container, hence a memory limit
+# well above the copy plus the interpreter (~10 MiB). Requests stay tiny so a
+# sandbox's accounting is honest without reserving much; limits exist so
+# namespaces with a ResourceQuota on limits admit the pod (issue 15 item 12).
+INIT_RESOURCES = {
+    "requests": {"cpu": "10m", "memory": "32Mi"},
+    "limits": {"cpu": "500m", "memory": "128Mi"},
+}
+# The daemon image's user (harness/images/daemon_image.py): non-root, set
+# explicitly so a pod with runAsNonRoot and no runAsUser still starts.
+INIT_UID = 65532
+# Where the init container sees the pod's emptyDir and the node directory (the
+# image itself holds the tree at /.sandman/rt, so neither may be mounted there).
+INIT_TARGET = "/sandman-target"
+INIT_SHARED = "/sandman-shared"
+# Pod Security `restricted` for the install step (per-pod mode).
+INIT_SECURITY = {
+    "runAsNonRoot": True,
+    "runAsUser": INIT_UID,
+    "runAsGroup": INIT_UID,
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+# Shared mode writes into a root-owned node directory: root, still with no
+# capabilities and no escalation (a hostPath volume fails `baseline` anyway).
+INIT_SECURITY_SHARED = {
+    **INIT_SECURITY,
+    "runAsNonRoot": False,
+    "runAsUser": 0,
+    "runAsGroup": 0,
+}
 
 
 class MutationError(ValueError):
@@ -77,6 +110,10 @@ class InjectionSettings:
     daemon_image: str
     version: str
     port: int = DAEMON_PORT
+    # Opt-in (docs/performance.md): a node directory (hostPath) where each
+    # daemon tree is installed once per node and mounted read-only into every
+    # sandbox, instead of a copy per pod. None: a copy per pod (the default).
+    daemon_shared_dir: str | None = None
     scheduler_name: str = SCHEDULER_NAME
     set_scheduler: bool = True
 
@@ -141,7 +178,54 @@ def _lease(pod: dict[str, Any], rule: RuleSet) -> tuple[dt.timedelta, dict[str, 
 
 
 def daemon_command(port: int, original: list[str], flags: Sequence[str] = ()) -> list[str]:
-    return [f"{DAEMON_DIR}/sandmand", "serve", f"--listen=0.0.0.0:{port}", *flags, "--", *original]
+    return [*DAEMON_ARGV, "serve", f"--listen=0.0.0.0:{port}", *flags, "--", *original]
+
+
+def install_container(settings: InjectionSettings) -> dict[str, Any]:
+    """The init container that places the daemon's runtime tree (see daemon/install.py)."""
+    mounts = [{"name": VOLUME, "mountPath": INIT_TARGET}]
+    command = [*DAEMON_ARGV, "install", INIT_TARGET]
+    security = INIT_SECURITY
+    if settings.daemon_shared_dir:
+        mounts.append({"name": DAEMON_SHARED_VOLUME, "mountPath": INIT_SHARED})
+        command += ["--shared", INIT_SHARED]
+        security = INIT_SECURITY_SHARED
+    return {
+        "name": INIT_CONTAINER,
+        "image": settings.daemon_image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": command,
+        "volumeMounts": mounts,
+        "resources": INIT_RESOURCES,
+        "securityContext": security,
+    }
+
+
+def _daemon_volumes(m: Mutation, spec: dict[str, Any], settings: InjectionSettings) -> None:
+    volumes = spec.get("volumes")
+    reserved = {VOLUME, DAEMON_SHARED_VOLUME}
+    if volumes and any(v.get("name") in reserved for v in volumes):
+        raise MutationError(f"volume names {sorted(reserved)} are reserved for the daemon")
+    # A container of the pod's own that names a reserved volume would get the
+    # daemon's files (in the shared mode: the node directory, read-write).
+    for kind in ("initContainers", "containers", "ephemeralContainers"):
+        for c in spec.get(kind) or []:
+            for vm in c.get("volumeMounts") or []:
+                if vm.get("name") in reserved:
+                    raise MutationError(
+                        f"container {c.get('name')} mounts {vm.get('name')!r}, a volume "
+                        "reserved for the daemon"
+                    )
+    _append(m, "/spec/volumes", volumes, {"name": VOLUME, "emptyDir": {}})
+    if settings.daemon_shared_dir:
+        m.op(
+            "add",
+            "/spec/volumes/-",
+            {
+                "name": DAEMON_SHARED_VOLUME,
+                "hostPath": {"path": settings.daemon_shared_dir, "type": "DirectoryOrCreate"},
+            },
+        )
 
 
 def mutate(
@@ -211,20 +295,8 @@ def mutate(
     _apply_resources(m, pod, rule)
 
     # -- the daemon: volume, install step, the target container ---------------
-    volumes = spec.get("volumes")
-    if volumes and any(v.get("name") == VOLUME for v in volumes):
-        raise MutationError(f"volume name {VOLUME!r} is reserved for the daemon")
-    _append(m, "/spec/volumes", volumes, {"name": VOLUME, "emptyDir": {}})
-    mount = {"name": VOLUME, "mountPath": DAEMON_DIR}
-    init = {
-        "name": INIT_CONTAINER,
-        "image": settings.daemon_image,
-        "imagePullPolicy": "IfNotPresent",
-        "command": ["/sandmand", "install", DAEMON_DIR],
-        "volumeMounts": [mount],
-        "resources": INIT_RESOURCES,
-        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
-    }
+    _daemon_volumes(m, spec, settings)
+    init = install_container(settings)
     inits = spec.get("initContainers")
     if inits and any(c.get("name") == INIT_CONTAINER for c in inits):
         raise MutationError(f"init container name {INIT_CONTAINER!r} is reserved")
@@ -312,15 +384,8 @@ def _rewrite_container(
         m.op("remove", f"{base}/args")
 
     env = list(c.get("env") or [])
-    tmpdir = next((e for e in env if e.get("name") == "TMPDIR"), None)
     kept = [e for e in env if e.get("name") not in OUR_ENV]
-    ours = [
-        {"name": ENV_TOKEN_SHA256, "value": token_hash},
-        # Both bootloaders of the frozen daemon unpack into $TMPDIR.
-        {"name": "TMPDIR", "value": DAEMON_DIR},
-    ]
-    if tmpdir is not None:
-        ours.append({**tmpdir, "name": ENV_TMPDIR_ORIG})
+    ours = [{"name": ENV_TOKEN_SHA256, "value": token_hash}]
     if ann.get(ANN_WORKSPACE):
         ours.append({"name": ENV_WORKSPACE, "value": ann[ANN_WORKSPACE]})
     m.op("add", f"{base}/env", kept + ours)
@@ -329,6 +394,13 @@ def _rewrite_container(
     if mounts and any(v.get("mountPath") == DAEMON_DIR for v in mounts):
         raise MutationError(f"container {name} already mounts something at {DAEMON_DIR}")
     _append(m, f"{base}/volumeMounts", mounts, {"name": VOLUME, "mountPath": DAEMON_DIR})
+    if settings.daemon_shared_dir:
+        # Read-only: a sandbox can run the node's daemon trees, never change them.
+        m.op(
+            "add",
+            f"{base}/volumeMounts/-",
+            {"name": DAEMON_SHARED_VOLUME, "mountPath": DAEMON_SHARED_MOUNT, "readOnly": True},
+        )
 
     ports = c.get("ports")
     if ports and any(p.get("containerPort") == settings.port for p in ports):

@@ -47,6 +47,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
+from sandman.contract import DAEMON_ARGV, DAEMON_RUNTIME_DIR
 from sandman.harness.cluster.config import default_cache_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -63,12 +64,14 @@ STDLIB = Path("/usr/lib/python3.11")
 PY_DIR = "python3.11"
 
 # Where the tree lives in a sandbox: the ELF interpreter path is absolute.
-# (contract: DAEMON_DIR is /.sandman; the runtime is its rt/ subdirectory.)
-RUNTIME_DIR = "/.sandman/rt"
+RUNTIME_DIR = DAEMON_RUNTIME_DIR
 LOADER = "ld-linux-x86-64.so.2"
+# The daemon image's user: non-root, as Pod Security `restricted` wants (the
+# distroless "nonroot" uid, which no image's own user is likely to be).
+IMAGE_UID = 65532
 # -I: no PYTHON* variables of the image, no user site, no script dir on the
 # path; -S: no site module (the tree has none; ~5 ms saved).
-SERVE_FLAGS = ("-I", "-S", "-m", "sandman.daemon")
+SERVE_FLAGS = DAEMON_ARGV[1:]
 
 # Bump when the build steps in this module change, so cached trees made the
 # old way are rebuilt (the inputs are hashed; this code is not).
@@ -86,6 +89,7 @@ LOG_TAIL_CHARS = 3000
 LAZY_ROOTS = (
     "sandman.daemon.__main__",
     "sandman.daemon.cli",
+    "sandman.daemon.install",
     "sandman.daemon.server",
     "sandman.daemon.reset",
     "sandman.daemon.tarstream",

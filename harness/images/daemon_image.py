@@ -1,8 +1,12 @@
 """The `sandman-daemon` image's contents (the daemon engineer's; tags: components.py).
 
-What injected pods take the daemon from: today the static `sandmand` that
-the init container copies into the sandbox's emptyDir. The image's tag is
-not chosen here: every component image is tagged with the one Sandman
+The daemon's runtime tree (``daemon_binary.py``) at ``/.sandman/rt`` and
+nothing else: the init container runs ``sandmand install`` from it, which
+copies the tree into the pod's emptyDir (or, in the shared mode, once per
+node into a read-only node directory). The tree's ELF interpreter path is
+absolute (``/.sandman/rt/lib/ld-linux-x86-64.so.2``), which is why it sits at
+that path in this image too. Non-root (Pod Security `restricted`). The image's
+tag is not chosen here: every component image is tagged with the one Sandman
 version (``sandman.harness.images.components``).
 """
 
@@ -21,15 +25,16 @@ def layers(cache_dir: Path) -> tuple[tuple[str, LayerFn], ...]:
     key = daemon_binary.current_key()
 
     def fill(root: Path) -> None:
-        exe = daemon_binary.ensure_daemon_binary(cache_dir)
-        shutil.copy2(exe, root / "sandmand")
-        (root / "sandmand").chmod(0o755)
-        # `sandmand install` runs in this image: staticx unpacks into $TMPDIR
-        # or /tmp before anything else happens, so /tmp must exist.
-        (root / "tmp").mkdir(mode=0o1777)
-        (root / "tmp").chmod(0o1777)
+        tree = daemon_binary.ensure_daemon_tree(cache_dir)
+        (root / ".sandman").mkdir(mode=0o755)
+        shutil.copytree(tree / "rt", root / ".sandman" / "rt", symlinks=True)
 
-    return ((f"daemon-{key}", fill),)
+    return ((f"daemon-tree-{key}", fill),)
 
 
-CONFIG = ImageConfig(entrypoint=("/sandmand",), cmd=("version",), user="0:0", env=("PATH=/",))
+CONFIG = ImageConfig(
+    entrypoint=tuple(daemon_binary.serve_argv()),
+    cmd=("version",),
+    user=f"{daemon_binary.IMAGE_UID}:{daemon_binary.IMAGE_UID}",
+    env=("PATH=/.sandman/rt/bin",),
+)

@@ -40,11 +40,13 @@ def pod(**spec: Any) -> dict[str, Any]:
     }
 
 
-def injected(p: dict[str, Any], rule: RuleSet = RULE) -> tuple[dict[str, Any], Any]:
+def injected(
+    p: dict[str, Any], rule: RuleSet = RULE, settings: InjectionSettings = SETTINGS
+) -> tuple[dict[str, Any], Any]:
     m = mutate(
         p,
         rule=rule,
-        settings=SETTINGS,
+        settings=settings,
         now=NOW,
         new_id=lambda: "abc123",
         token_hash_for=lambda sid: "h" * 64 if sid == "abc123" else "x",
@@ -67,11 +69,14 @@ def test_basic_injection_follows_the_contract() -> None:
     assert spec["volumes"] == [{"name": VOLUME, "emptyDir": {}}]
     init = spec["initContainers"][0]
     assert init["name"] == INIT_CONTAINER and init["image"] == SETTINGS.daemon_image
-    assert init["command"] == ["/sandmand", "install", "/.sandman"]
+    rt = "/.sandman/rt/bin/sandmand"
+    daemon = [rt, "-I", "-S", "-m", "sandman.daemon"]
+    assert init["command"] == [*daemon, "install", "/sandman-target"]
+    assert init["volumeMounts"] == [{"name": VOLUME, "mountPath": "/sandman-target"}]
     c = spec["containers"][0]
-    assert c["command"] == ["/.sandman/sandmand", "serve", "--listen=0.0.0.0:7878", "--"]
+    assert c["command"] == [*daemon, "serve", "--listen=0.0.0.0:7878", "--"]
     env = {e["name"]: e.get("value") for e in c["env"]}
-    assert env == {"SANDMAN_TOKEN_SHA256": "h" * 64, "TMPDIR": "/.sandman"}
+    assert env == {"SANDMAN_TOKEN_SHA256": "h" * 64}  # TMPDIR is the image's business
     assert {"name": VOLUME, "mountPath": "/.sandman"} in c["volumeMounts"]
     assert c["ports"] == [{"name": "sandman", "containerPort": 7878, "protocol": "TCP"}]
     assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": 7878}
@@ -94,13 +99,20 @@ def test_command_and_args_are_kept_after_the_separator() -> None:
     c = {"name": "main", "image": "i", "command": ["python3", "-m", "srv"], "args": ["--port", "1"]}
     out, _ = injected(pod(containers=[c]))
     got = out["spec"]["containers"][0]
-    assert got["command"][4:] == ["python3", "-m", "srv", "--port", "1"]
+    assert got["command"][got["command"].index("--") + 1 :] == [
+        "python3",
+        "-m",
+        "srv",
+        "--port",
+        "1",
+    ]
     assert "args" not in got
 
 
 def test_args_only_run_as_the_command_with_a_warning() -> None:
     out, m = injected(pod(containers=[{"name": "main", "image": "i", "args": ["sleep", "9"]}]))
-    assert out["spec"]["containers"][0]["command"][4:] == ["sleep", "9"]
+    cmd = out["spec"]["containers"][0]["command"]
+    assert cmd[cmd.index("--") + 1 :] == ["sleep", "9"]
     assert any("its args run as the command under the daemon" in w for w in m.warnings)
 
 
@@ -151,12 +163,7 @@ def test_existing_probes_env_mounts_and_security_context_survive() -> None:
     got = out["spec"]["containers"][0]
     env = {e["name"]: e["value"] for e in got["env"]}
     # A user-set token hash env must not win over the webhook's.
-    assert env == {
-        "A": "1",
-        "SANDMAN_TOKEN_SHA256": "h" * 64,
-        "TMPDIR": "/.sandman",
-        "SANDMAN_TMPDIR_ORIG": "/scratch",
-    }
+    assert env == {"A": "1", "TMPDIR": "/scratch", "SANDMAN_TOKEN_SHA256": "h" * 64}
     assert got["volumeMounts"][0] == {"name": "data", "mountPath": "/data"}
     assert got["livenessProbe"] == c["livenessProbe"]
     assert got["securityContext"] == {"runAsUser": 1000}
@@ -271,3 +278,47 @@ def test_service_account_token_volume_added_by_admission_is_removed() -> None:
     assert [m["name"] for m in spec["containers"][0]["volumeMounts"]] == ["data", VOLUME]
     assert spec["containers"][1]["volumeMounts"] == []
     assert spec["automountServiceAccountToken"] is False
+
+
+def test_install_step_passes_pod_security_restricted_and_has_limits() -> None:
+    # Issue 15 item 12: admitted where PSA `restricted` or a ResourceQuota on
+    # limits is enforced, and a pod with runAsNonRoot but no user still starts.
+    p = pod(securityContext={"runAsNonRoot": True})
+    out, _ = injected(p)
+    init = out["spec"]["initContainers"][0]
+    sc = init["securityContext"]
+    assert sc["runAsNonRoot"] is True and sc["runAsUser"] > 0
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    for kind in ("requests", "limits"):
+        assert set(init["resources"][kind]) == {"cpu", "memory"}, init["resources"]
+
+
+def test_shared_mode_mounts_the_node_directory_read_only() -> None:
+    from dataclasses import replace
+
+    settings = replace(SETTINGS, daemon_shared_dir="/var/lib/sandman/daemon")
+    out, _ = injected(pod(), settings=settings)
+    spec = out["spec"]
+    shared = next(v for v in spec["volumes"] if v["name"] == "sandman-daemon-shared")
+    assert shared["hostPath"] == {"path": "/var/lib/sandman/daemon", "type": "DirectoryOrCreate"}
+    init = spec["initContainers"][0]
+    assert init["command"][-2:] == ["--shared", "/sandman-shared"]
+    mounts = spec["containers"][0]["volumeMounts"]
+    assert {
+        "name": "sandman-daemon-shared",
+        "mountPath": "/.sandman/shared",
+        "readOnly": True,
+    } in mounts
+
+
+def test_a_container_of_the_pod_may_not_mount_the_daemons_volumes() -> None:
+    sneaky = {
+        "name": "side",
+        "image": "i",
+        "volumeMounts": [{"name": "sandman-daemon-shared", "mountPath": "/x"}],
+    }
+    main = {"name": "main", "image": "i", "command": ["x"]}
+    with pytest.raises(MutationError, match="reserved for the daemon"):
+        injected(pod(containers=[main, sneaky]))

@@ -28,7 +28,8 @@ from sandman.webhook.rewrite import (
 from tests.unit.webhook.jsonpatch import apply
 
 IMAGE = ImageConfig(entrypoint=("/entry.sh", "--flag"), cmd=("serve", "$(HOME)"))
-DAEMON = ["/.sandman/sandmand", "serve", "--listen=0.0.0.0:7878"]
+DAEMON = ["/.sandman/rt/bin/sandmand", "-I", "-S", "-m", "sandman.daemon", "serve"]
+DAEMON += ["--listen=0.0.0.0:7878"]
 
 
 # -- command/args: the four cases, as Kubernetes runs them -----------------------------

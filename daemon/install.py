@@ -1,0 +1,77 @@
+"""`sandmand install`: place the daemon's runtime tree where a sandbox runs it.
+
+Runs in the init container, from the daemon image, whose tree lies at
+``sys.prefix`` (``/.sandman/rt``). Two modes:
+
+- per pod (default): copy the tree into ``DEST/rt`` (the pod's emptyDir,
+  mounted at /.sandman in the sandbox);
+- shared (``--shared DIR``): ``DIR`` is a node directory (hostPath) that the
+  sandbox mounts read-only at ``/.sandman/shared``. The tree goes to
+  ``DIR/<key>/rt`` once per node and tree content (``key`` from the tree's
+  VERSION file), and ``DEST/rt`` becomes a symlink to
+  ``/.sandman/shared/<key>/rt``: nothing is copied for later pods.
+
+Either way the tree is copied to a private temporary name and renamed into
+place, so a reader never sees half a tree, and two pods installing at once
+both succeed (the loser's rename finds the winner's tree and drops its own).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from sandman.contract import DAEMON_SHARED_MOUNT
+
+MARKER = "VERSION"  # "<daemon version> <tree key>", written last by the build
+SHARED_MOUNT = DAEMON_SHARED_MOUNT  # where the sandbox sees the node directory
+
+
+def runtime_root() -> Path:
+    """The tree this interpreter runs from (``.../rt``)."""
+    return Path(sys.prefix)
+
+
+def tree_key(rt: Path) -> str:
+    parts = (rt / MARKER).read_text().split()
+    if len(parts) != 2 or not parts[1].isalnum():
+        raise ValueError(f"{rt / MARKER} does not hold '<version> <key>'")
+    return parts[1]
+
+
+def _copy_tree(src: Path, dest: Path) -> bool:
+    """Copy ``src`` to ``dest`` atomically; False if ``dest`` already existed."""
+    if (dest / MARKER).exists():
+        return False
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}-{os.urandom(4).hex()}")
+    shutil.copytree(src, tmp, symlinks=True)
+    try:
+        os.rename(tmp, dest)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if (dest / MARKER).exists():
+            return False  # another installer won the race: same content
+        raise
+    return True
+
+
+def install(dest: str, shared_dir: str | None = None) -> tuple[Path, bool]:
+    """(where the tree now is, whether this call copied it)."""
+    src = runtime_root()
+    if not (src / MARKER).exists():
+        raise FileNotFoundError(f"{src} is not a daemon runtime tree (no {MARKER})")
+    if shared_dir is None:
+        target = Path(dest) / "rt"
+        return target, _copy_tree(src, target)
+    key = tree_key(src)
+    target = Path(shared_dir) / key / "rt"
+    copied = _copy_tree(src, target)
+    link = Path(dest) / "rt"
+    tmp_link = Path(dest) / f".rt.tmp-{os.getpid()}"
+    tmp_link.unlink(missing_ok=True)
+    os.symlink(f"{SHARED_MOUNT}/{key}/rt", tmp_link)
+    os.replace(tmp_link, link)
+    return target, copied
