@@ -37,6 +37,8 @@ KUBE_BUILD_DATE = {"v1.34.4": "2026-02-10T12:53:36Z"}
 # -> containerd-shim-runsc-v1.
 GVISOR_SHIM = "containerd-shim-runsc-v1"
 GVISOR_SHIM_PACKAGE = "sandman.dev/hack/gvisor/cmd/containerd-shim-runsc-v1"
+KUBE_ROUTER_VERSION_PKG = "github.com/cloudnativelabs/kube-router/v2/pkg/version"
+KUBE_ROUTER_BUILD_DATE = "2024-03-03T05:25:26Z"  # v2.1.0's time on the module proxy
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,9 @@ class BinarySet:
     # (main package, binary name) pairs
     outputs: tuple[tuple[str, str], ...]
     ldflags: str = "-s -w"
+    tags: str = ""  # go build -tags
+    # Only the real node runs it: a kwok-only cluster does not wait for its build.
+    node_only: bool = False
 
     def bin_dir(self, cache_dir: Path) -> Path:
         return cache_dir / self.name / self.version / "bin"
@@ -84,6 +89,7 @@ def binary_sets(versions: Versions) -> list[BinarySet]:
                     "kube-scheduler",
                     "kubelet",
                     "kubectl",
+                    "kube-proxy",
                 )
             ),
             _kube_ldflags(versions.kubernetes),
@@ -107,6 +113,28 @@ def binary_sets(versions: Versions) -> list[BinarySet]:
                 (GVISOR_SHIM_PACKAGE, GVISOR_SHIM),
             ),
             f"-s -w -X gvisor.dev/gvisor/runsc/version.version={versions.gvisor}",
+            node_only=True,
+        ),
+        # Cluster DNS for the real node's pods. `-version` prints the const
+        # CoreVersion; GitCommit is the one ldflag it shows ("archive", as the
+        # kube set says). grpcnotrace: upstream's build tag (drops x/net/trace).
+        BinarySet(
+            "coredns",
+            versions.coredns,
+            (("github.com/coredns/coredns", "coredns"),),
+            "-s -w -X github.com/coredns/coredns/coremain.GitCommit=archive",
+            tags="grpcnotrace",
+            node_only=True,
+        ),
+        # NetworkPolicy on the real node (its firewall controller only). Version
+        # must be set (it parses it at start); the date is the proxy's release time.
+        BinarySet(
+            "kube-router",
+            versions.kube_router,
+            (("github.com/cloudnativelabs/kube-router/v2/cmd/kube-router", "kube-router"),),
+            f"-s -w -X {KUBE_ROUTER_VERSION_PKG}.Version={versions.kube_router}"
+            f" -X {KUBE_ROUTER_VERSION_PKG}.BuildDate={KUBE_ROUTER_BUILD_DATE}",
+            node_only=True,
         ),
     ]
 
@@ -123,8 +151,14 @@ class Binaries:
     kubectl: Path
     kwok: Path
     crictl: Path
+    kube_proxy: Path
     runsc: Path
     containerd_shim_runsc: Path
+    coredns: Path
+    kube_router: Path
+
+    # Fields whose binaries only the real node needs (see BinarySet.node_only).
+    NODE_ONLY = ("runsc", "containerd_shim_runsc", "coredns", "kube_router")
 
     @classmethod
     def in_cache(cls, cache_dir: Path, versions: Versions) -> Binaries:
@@ -139,12 +173,19 @@ class Binaries:
             kubectl=kube / "kubectl",
             kwok=cache_dir / "kwok" / versions.kwok / "bin" / "kwok",
             crictl=cache_dir / "critools" / versions.critools / "bin" / "crictl",
+            kube_proxy=kube / "kube-proxy",
             runsc=gvisor / "runsc",
             containerd_shim_runsc=gvisor / GVISOR_SHIM,
+            coredns=cache_dir / "coredns" / versions.coredns / "bin" / "coredns",
+            kube_router=cache_dir / "kube-router" / versions.kube_router / "bin" / "kube-router",
         )
 
-    def missing(self) -> list[Path]:
-        return [p for p in vars(self).values() if not os.access(p, os.X_OK)]
+    def missing(self, *, real_node: bool = True) -> list[Path]:
+        return [
+            p
+            for name, p in vars(self).items()
+            if (real_node or name not in self.NODE_ONLY) and not os.access(p, os.X_OK)
+        ]
 
 
 class BuildError(RuntimeError):
@@ -187,7 +228,12 @@ def build_set(bs: BinarySet, cache_dir: Path, progress: Progress = _stderr) -> P
         tmp.mkdir()
         log = out.parent / "build.log"
         env = dict(os.environ, CGO_ENABLED="0", GOFLAGS="-mod=mod")
-        cmd = [go, "build", "-trimpath", "-ldflags", bs.ldflags, "-o", f"{tmp}/", *bs.packages]
+        # A set that grew (kube-proxy joined the kube set) builds only what is
+        # missing, and the binaries that exist stay in place for running clusters.
+        todo = [(pkg, name) for pkg, name in bs.outputs if not (out / name).exists()]
+        tags = ["-tags", bs.tags] if bs.tags else []
+        cmd = [go, "build", "-trimpath", *tags, "-ldflags", bs.ldflags, "-o", f"{tmp}/"]
+        cmd += [pkg for pkg, _ in todo]
         progress(f"building {bs.name} {bs.version} from the Go module proxy (log: {log})")
         started = time.monotonic()
         with open(log, "w") as logf:
@@ -197,12 +243,16 @@ def build_set(bs: BinarySet, cache_dir: Path, progress: Progress = _stderr) -> P
             tail = log.read_text()[-3000:]
             shutil.rmtree(tmp, ignore_errors=True)
             raise BuildError(f"go build of {bs.name} {bs.version} failed:\n{tail}")
-        for pkg, name in bs.outputs:
+        for pkg, name in todo:
             built, final = tmp / _output_name(pkg), tmp / name
             if built != final:
                 built.rename(final)
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.rename(out)
+        if out.is_dir():
+            for _, name in todo:
+                (tmp / name).rename(out / name)
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.rename(out)
         progress(f"built {bs.name} {bs.version} in {time.monotonic() - started:.0f}s -> {out}")
     return out
 
@@ -226,11 +276,15 @@ def _wait_with_heartbeat(
         t.join()
 
 
-def ensure_binaries(cache_dir: Path, versions: Versions, progress: Progress = _stderr) -> Binaries:
+def ensure_binaries(
+    cache_dir: Path, versions: Versions, progress: Progress = _stderr, *, real_node: bool = True
+) -> Binaries:
+    """Build (or find cached) every set; the real node's own sets only if ``real_node``."""
     for bs in binary_sets(versions):
-        build_set(bs, cache_dir, progress)
+        if real_node or not bs.node_only:
+            build_set(bs, cache_dir, progress)
     bins = Binaries.in_cache(cache_dir, versions)
-    missing = bins.missing()
+    missing = bins.missing(real_node=real_node)
     if missing:
         raise BuildError(f"binaries missing after build: {', '.join(map(str, missing))}")
     return bins

@@ -28,6 +28,12 @@ CRITOOLS_VERSION = "v1.34.0"
 # serves only pseudo-versions of its go branch (`go list -m gvisor.dev/gvisor@latest`
 # on 2026-12-01); this one runs here on the systrap platform (docs/local-cluster.md).
 GVISOR_VERSION = "v0.0.0-20260905035102-160fafc42237"
+# The real node's cluster DNS (kube-system/coredns): the newest release on the
+# proxy (2026-10-21); its go.mod asks for Go 1.26 (v1.14.7 would do with 1.25).
+COREDNS_VERSION = "v1.15.0"
+# The real node's NetworkPolicy enforcer (firewall controller only): the only
+# v2 release this machine's module proxy serves (later tags answer 403).
+KUBE_ROUTER_VERSION = "v2.1.0"
 
 # Kubernetes' own service range default; it and KWOK_POD_CIDR stay inside 10/8 so
 # nothing overlaps the host's 192.0.2.0/24. KWOK pod IPs are never routed: they
@@ -58,6 +64,8 @@ class Versions:
     kwok: str = KWOK_VERSION
     critools: str = CRITOOLS_VERSION
     gvisor: str = GVISOR_VERSION
+    coredns: str = COREDNS_VERSION
+    kube_router: str = KUBE_ROUTER_VERSION
 
 
 @dataclass(frozen=True)
