@@ -27,6 +27,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "token": ("sandman.cli.sandboxes", "print a sandbox's access token"),
     "pool": ("sandman.cli.pools", "warm pools: create, ls, scale, delete"),
     "claim": ("sandman.cli.pools", "claim a sandbox from a warm pool"),
+    "e2b-gateway": (
+        "sandman.adapters.e2b.cli",
+        "serve E2B's API over Sandman sandboxes (point E2B's SDK at it)",
+    ),
     "cluster": ("sandman.harness.cli.cluster", "the local cluster (dev harness)"),
     "image": ("sandman.harness.cli.image", "build and push Sandman's images (no Docker needed)"),
     "demo": ("sandman.harness.cli.demo", "run a demo batch of sandboxes on the local cluster"),
