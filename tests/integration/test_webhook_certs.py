@@ -165,7 +165,7 @@ async def served_cert(ctx: ssl.SSLContext, trust: bytes) -> Cert:
     try:
         site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ctx)
         await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        port = runner.addresses[0][1]
         client = ssl.create_default_context(cadata=trust.decode())
         _, writer = await asyncio.open_connection(
             "127.0.0.1", port, ssl=client, server_hostname="127.0.0.1"

@@ -65,7 +65,7 @@ async def test_url_webhook_on_host_mutates_pod(cluster: LocalCluster, namespace:
         ctx, ca_pem = _serving_ctx(Path(tmp))
         site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ctx)
         await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        port = runner.addresses[0][1]
         adm = AdmissionregistrationV1Api(api_client(cluster.kubeconfig))
         core = CoreV1Api(api_client(cluster.kubeconfig))
         name = f"plumbing-{namespace}"

@@ -15,16 +15,18 @@ import socket
 import threading
 import uuid
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 from kubernetes.client import AdmissionregistrationV1Api, CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
-from sandman.contract import LABEL_SANDBOX
+from sandman.contract import ANN_INJECTED, LABEL_SANDBOX
 from sandman.harness.cluster.kwok_nodes import KWOK_IMAGE, on_kwok
 from sandman.harness.cluster.local import LocalCluster
 from sandman.harness.kube import api_client
 from sandman.harness.probes import insecure_context
+from sandman.harness.testing import wait_for
 from sandman.kube_async import MUTATING_WEBHOOKS, KubeClient
 from sandman.webhook.certs import CABUNDLE_SETTLE, CertManager
 from sandman.webhook.config import WebhookConfig
@@ -73,7 +75,7 @@ async def test_ca_rotation_under_load_fails_no_admission(
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=certs.ssl_context())
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    port = runner.addresses[0][1]
     adm = AdmissionregistrationV1Api(api_client(cluster.kubeconfig))
     core = CoreV1Api(api_client(cluster.kubeconfig))
     adm.create_mutating_webhook_configuration(
@@ -109,35 +111,67 @@ async def test_ca_rotation_under_load_fails_no_admission(
     stop = threading.Event()
     results: list[str] = []
 
-    def creator() -> None:
-        pod = {
+    def pod(selected_as: str) -> dict[str, Any]:
+        return {
             "metadata": {
                 "generateName": "rot-",
-                "labels": {LABEL_SANDBOX: "true", "rotation-test": name},
+                "labels": {LABEL_SANDBOX: "true", "rotation-test": selected_as},
             },
             "spec": on_kwok({"containers": [{"name": "c", "image": KWOK_IMAGE}]}),
         }
+
+    def through_our_webhook(selected_as: str) -> bool:
+        """A dry-run create comes back mutated by this test's webhook: the
+        apiserver's admission chain has the configuration that selects it."""
+        made = core.create_namespaced_pod(namespace, pod(selected_as), dry_run="All")
+        return ANN_INJECTED in (made.metadata.annotations or {})
+
+    def creator() -> None:
         while not stop.is_set():
             try:
-                core.create_namespaced_pod(namespace, pod, dry_run="All")
+                core.create_namespaced_pod(namespace, pod(name), dry_run="All")
                 results.append("ok")
             except ApiException as e:
                 results.append(f"{len(results)} {e.status}: {e.body}")
 
     try:
         # The configuration reaches the apiserver's admission chain by watch.
-        await asyncio.sleep(2)
+        await asyncio.to_thread(
+            wait_for, lambda: through_our_webhook(name), what="the webhook in the chain"
+        )
         thread = threading.Thread(target=creator, daemon=True)
         thread.start()
         before = await asyncio.to_thread(_served_fingerprint, port)
-        await asyncio.sleep(1)
+        await asyncio.to_thread(wait_for, lambda: len(results) >= 5, what="creates under way")
         await certs.rotate_ca_now()  # new CA into every caBundle; old cert still served
         assert await asyncio.to_thread(_served_fingerprint, port) == before
-        await asyncio.sleep(2)
+        # The apiserver must use the new caBundle before the cert switches
+        # (in production: CABUNDLE_SETTLE). Its admission chain applies
+        # configuration updates in order, so once a later update of ours
+        # (selecting probe pods too) admits a probe pod, it has the new bundle.
+        probe = f"{name}-probe"
+        selector = {"key": "rotation-test", "operator": "In", "values": [name, probe]}
+        adm.patch_mutating_webhook_configuration(
+            name,
+            [
+                {
+                    "op": "replace",
+                    "path": "/webhooks/0/objectSelector",
+                    "value": {"matchExpressions": [selector]},
+                }
+            ],
+        )
+        await asyncio.to_thread(
+            wait_for, lambda: through_our_webhook(probe), what="the new caBundle in use"
+        )
         clock_offset[0] = CABUNDLE_SETTLE + dt.timedelta(seconds=1)
         await certs.reconcile()  # switch the serving cert to the new CA
         assert await asyncio.to_thread(_served_fingerprint, port) != before
-        await asyncio.sleep(3)
+        # Keep creating on the new certificate for a while: 20 more admissions.
+        switched = len(results)
+        await asyncio.to_thread(
+            wait_for, lambda: len(results) >= switched + 20, what="creates after the switch"
+        )
         stop.set()
         await asyncio.to_thread(thread.join, 30)
     finally:

@@ -56,7 +56,7 @@ async def serve(certs: CertManager) -> tuple[web.AppRunner, int]:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=certs.ssl_context())
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    port = runner.addresses[0][1]
     return runner, port
 
 
