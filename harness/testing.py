@@ -6,14 +6,16 @@ kind of cluster the same way.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import inspect
 import os
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -156,6 +158,21 @@ def wait_for(pred: Callable[[], T], *, timeout: float = 60.0, what: str = "condi
         if last:
             return last
         time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last={last!r}")
+
+
+async def async_wait_for(
+    pred: Callable[[], Awaitable[T] | T], *, timeout: float = 60.0, what: str = "condition"
+) -> T:
+    """``wait_for`` for async tests: ``pred`` may be sync or a coroutine function."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        got = pred()
+        last = await got if inspect.isawaitable(got) else got  # type: ignore[assignment]
+        if last:
+            return last  # type: ignore[return-value]
+        await asyncio.sleep(0.1)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last={last!r}")
 
 

@@ -47,6 +47,8 @@ from sandman.pools.decide import after_claim, keep_waiting, two_phase_claim
 from sandman.pools.health import FAILING, PoolHealth, is_expired, pool_health
 from sandman.pools.limiter import CreateLimiter
 from sandman.pools.spec import ANN_POOL_STATUS, STATE_IDLE, PoolSpec, replicaset_name
+from sandman.pools.warm import dry_run_pod
+from sandman.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 PodHook = Callable[[str, dict[str, Any]], None]
@@ -71,6 +73,7 @@ class ManagerStats:
     refills_avoided: int = 0  # two-phase claims: scaled down before leaving the pool
     scale_writes: int = 0
     scale_conflicts: int = 0  # someone else changed replicas; re-read
+    reconciles: int = 0  # passes of the reconcile loop (each looks at every pool)
 
 
 @dataclass
@@ -95,6 +98,7 @@ class PoolManager:
         *,
         on_pod: PodHook | None = None,
         component: str = "sandman-pools",
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.kube, self.namespace = kube, namespace
         self.config = config or ManagerConfig()
@@ -102,6 +106,8 @@ class PoolManager:
         self.stats = ManagerStats()
         self.events = EventRecorder(kube, component)
         self._on_pod = on_pod
+        # Claim latency and the create budget on the SDK's metrics endpoint, if any.
+        self._metrics = telemetry.metrics if telemetry is not None else None
         self._pools: dict[str, _Pool] = {}
         self._seen: set[str] = set()
         # Pods by pool, kept by the informer's handler: health and claims look
@@ -123,9 +129,13 @@ class PoolManager:
             asyncio.create_task(self._reconcile_loop()),
         ]
         await self._informer.synced.wait()
+        if self._metrics is not None:
+            self._metrics.watch(self)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        if self._metrics is not None:
+            self._metrics.forget(self)
         self._stop.set()
         self._wake.set()
         self.limiter.close()
@@ -137,6 +147,10 @@ class PoolManager:
         """Create the pool's ReplicaSet (as large as the budget allows now; the
         manager grows it) or adopt an existing one."""
         name = replicaset_name(spec.name)
+        # Admission ahead of the pods (before taking create tokens): warms the
+        # webhook's image cache, and a pod the webhook would refuse fails here
+        # (PoolRefused), with its reason.
+        await dry_run_pod(self.kube, spec, self.namespace)
         # Start with what the budget allows right now, so that a claim made a
         # moment later already finds pods on their way (the loop grows the rest).
         first = 0
@@ -196,6 +210,33 @@ class PoolManager:
 
     # -- claims and on-demand creates ------------------------------------------
     async def claim(
+        self,
+        pool: str,
+        *,
+        claimer: str,
+        ttl: dt.timedelta,
+        ready_only: bool = False,
+        wait_s: float = 0.0,
+    ) -> ClaimResult:
+        """``_claim``, timed for the metrics endpoint when there is one."""
+        if self._metrics is None:
+            return await self._claim(
+                pool, claimer=claimer, ttl=ttl, ready_only=ready_only, wait_s=wait_s
+            )
+        t0, result = time.monotonic(), "error"
+        try:
+            res = await self._claim(
+                pool, claimer=claimer, ttl=ttl, ready_only=ready_only, wait_s=wait_s
+            )
+            result = "ok"
+            return res
+        except NoIdlePod:
+            result = "no_idle"
+            raise
+        finally:
+            self._metrics.claim_done(result, time.monotonic() - t0)
+
+    async def _claim(
         self,
         pool: str,
         *,
@@ -283,6 +324,7 @@ class PoolManager:
             except (ApiError, OSError, TimeoutError) as e:
                 log.warning("pool reconcile failed: %s", e)
             turn += 1
+            self.stats.reconciles += 1
 
     async def _reconcile(self, turn: int) -> None:
         names = list(self._pools)

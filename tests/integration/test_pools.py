@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 
 import pytest
 
 from sandman.client import startup
 from sandman.harness.cluster.kwok_nodes import KWOK_IMAGE, KWOK_TOLERATION, NODE_KIND_LABEL
 from sandman.harness.cluster.local import LocalCluster
+from sandman.harness.testing import async_wait_for
 from sandman.kube_async import JSON_PATCH, PODS, REPLICASETS, KubeClient
 from sandman.pools import NoIdlePod, PoolSpec, claim, pool_selector, replicaset_name
 from sandman.pools.manager import ManagerConfig, PoolManager
@@ -41,10 +42,26 @@ async def idle_ready(kube: KubeClient, ns: str, pool: str) -> list[dict]:
 
 
 async def wait_idle(kube: KubeClient, ns: str, pool: str, n: int, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while len(await idle_ready(kube, ns, pool)) < n:
-        assert time.monotonic() < deadline, f"pool {pool} never had {n} idle Ready pods"
-        await asyncio.sleep(0.2)
+    async def enough() -> bool:
+        return len(await idle_ready(kube, ns, pool)) >= n
+
+    await async_wait_for(enough, timeout=timeout, what=f"{n} idle Ready pods in pool {pool}")
+
+
+async def replicas(kube: KubeClient, ns: str, pool: str) -> int:
+    return int((await kube.get(REPLICASETS, replicaset_name(pool), ns))["spec"]["replicas"])
+
+
+async def settled(kube: KubeClient, ns: str, pool: str) -> dict | None:
+    """The pool's ReplicaSet once its controller has acted on the latest spec
+    and holds exactly that many pods (None until then)."""
+    rs = await kube.get(REPLICASETS, replicaset_name(pool), ns)
+    st = rs.get("status") or {}
+    done = (
+        st.get("observedGeneration") == rs["metadata"]["generation"]
+        and st.get("replicas", 0) == rs["spec"]["replicas"]
+    )
+    return rs if done else None
 
 
 async def test_concurrent_claims_never_share_a_pod_and_the_pool_refills(
@@ -56,16 +73,16 @@ async def test_concurrent_claims_never_share_a_pod_and_the_pool_refills(
 
     async def claimer(i: int) -> str:
         # Each task keeps trying until it wins one (the pool refills meanwhile).
-        deadline = time.monotonic() + 60
-        while True:
+        async def attempt() -> str | None:
             try:
                 res = await claim(
                     kube, namespace, "race", claimer=f"t{i}", ttl=dt.timedelta(minutes=10)
                 )
-                return str(res.pod["metadata"]["name"])
             except NoIdlePod:
-                assert time.monotonic() < deadline, f"claimer {i} never won a pod"
-                await asyncio.sleep(0.1)
+                return None
+            return str(res.pod["metadata"]["name"])
+
+        return await async_wait_for(attempt, what=f"claimer {i} winning a pod")
 
     names = await asyncio.gather(*(claimer(i) for i in range(24)))
     assert len(set(names)) == 24  # no pod claimed twice
@@ -81,12 +98,18 @@ async def test_concurrent_claims_never_share_a_pod_and_the_pool_refills(
     await kube.delete(
         REPLICASETS, replicaset_name("race"), namespace, propagation_policy="Foreground"
     )
-    deadline = time.monotonic() + 60
-    while await idle_ready(kube, namespace, "race"):
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.2)
+
+    async def no_idle() -> bool:
+        return not await idle_ready(kube, namespace, "race")
+
+    await async_wait_for(no_idle, what="the pool's idle pods deleted with it")
     for name in names:
         assert not (await kube.get(PODS, name, namespace))["metadata"].get("deletionTimestamp")
+
+
+async def _all_positive(values: Awaitable[list[int]]) -> list[int] | None:
+    got = await values
+    return got if all(n >= 1 for n in got) else None
 
 
 async def test_manager_shares_one_create_budget_across_pools(
@@ -95,17 +118,23 @@ async def test_manager_shares_one_create_budget_across_pools(
     cfg = ManagerConfig(create_rate=4.0, create_burst=4, tick_s=0.1)
     async with PoolManager(kube, namespace, cfg) as pm:
         t0 = time.monotonic()
-        for i in range(5):
-            await pm.ensure(kwok_pool(f"b{i}", size=6))  # 30 pods wanted at once
-        await asyncio.sleep(2.0)
-        granted = sum(pm._pools[f"b{i}"].replicas for i in range(5))
+        pools = [f"b{i}" for i in range(5)]
+        for name in pools:
+            await pm.ensure(kwok_pool(name, size=6))  # 30 pods wanted at once
+
+        async def shares() -> list[int]:
+            return [await replicas(kube, namespace, name) for name in pools]
+
+        # Fair: every pool gets a pod early (5 tokens: the burst of 4, then
+        # one more at 4/s), none waits for another to be full.
+        got = await async_wait_for(
+            lambda: _all_positive(shares()), timeout=30, what="a pod for every pool"
+        )
         elapsed = time.monotonic() - t0
-        # burst + rate x time, across all five pools together (not per pool)
-        assert granted <= 4 + 4 * elapsed + 1, (granted, elapsed)
-        assert granted >= 4
-        # Fair: no pool got everything while another got nothing.
-        shares = [pm._pools[f"b{i}"].replicas for i in range(5)]
-        assert all(n >= 1 for n in shares), shares
+        granted = sum(got)
+        # burst + rate x time, across all five pools together (not per pool:
+        # five budgets would have granted 5 x 4 at once)
+        assert granted <= 4 + 4 * elapsed + 1, (granted, elapsed, got)
 
 
 async def test_manager_does_not_over_create_and_respects_a_manual_scale(
@@ -115,7 +144,8 @@ async def test_manager_does_not_over_create_and_respects_a_manual_scale(
     async with PoolManager(kube, namespace, cfg) as pm:
         await pm.ensure(kwok_pool("exp", size=5))
         await wait_idle(kube, namespace, "exp", 5)
-        await asyncio.sleep(1.0)  # many reconcile passes on a settled pool
+        passes = pm.stats.reconciles  # then many reconcile passes on a settled pool
+        await async_wait_for(lambda: pm.stats.reconciles >= passes + 10, what="10 passes")
         rs = await kube.get(REPLICASETS, replicaset_name("exp"), namespace)
         assert rs["spec"]["replicas"] == 5
         pods = await kube.list(PODS, namespace, label_selector=pool_selector("exp", None))
@@ -146,9 +176,13 @@ async def test_claim_through_the_manager_refills_only_while_wanted(
         # Demand of 3 met by the 3 warm pods: claims must not cause refills.
         for _ in range(3):
             await pm.claim("tail", claimer="me", ttl=dt.timedelta(minutes=5))
-        await asyncio.sleep(1.0)
-        rs = await kube.get(REPLICASETS, replicaset_name("tail"), namespace)
+        # The ReplicaSet controller has acted on the last scale-down, and the
+        # manager has had passes to (wrongly) grow the pool again.
+        rs = await async_wait_for(lambda: settled(kube, namespace, "tail"), what="settled")
+        passes = pm.stats.reconciles
+        await async_wait_for(lambda: pm.stats.reconciles >= passes + 10, what="10 passes")
         assert rs["spec"]["replicas"] == 0
+        assert await replicas(kube, namespace, "tail") == 0
         # All three claims were two-phase (every idle pod Ready): no refill
         # was ever created, so the pool's pods are exactly the three claimed.
         assert pm.stats.refills_avoided == 3
