@@ -75,6 +75,8 @@ ENV_TOKEN_SHA256 = "SANDMAN_TOKEN_SHA256"  # SHA-256 (hex) of the sandbox's toke
 ENV_TOKEN_SHA256_FILE = "SANDMAN_TOKEN_SHA256_FILE"  # ... or a file holding it
 ENV_WORKSPACE = "SANDMAN_WORKSPACE"  # the git checkout /v1/reset restores
 ENV_TMPDIR_ORIG = "SANDMAN_TMPDIR_ORIG"  # the image's own TMPDIR, handed back to commands
+# SDK process: serve the pool manager's metrics (GET /metrics) on HOST:PORT.
+ENV_METRICS_LISTEN = "SANDMAN_METRICS_LISTEN"
 NAMESPACE = "sandman-system"
 ACCESS_SECRET = "sandman-access"  # per-namespace key Secret (design section 5)
 

@@ -20,6 +20,7 @@ from sandman import tokens
 from sandman.client.errors import ClientClosed
 from sandman.client.transport import HttpTransport, Transport
 from sandman.kube_async import SECRETS, ApiError, KubeClient
+from sandman.telemetry import Telemetry
 
 # The webhook publishes a new namespace's access key within a second or so;
 # waiting up to 10 s covers a busy control plane.
@@ -55,8 +56,12 @@ class SandmanClient:
         transport: Transport | str = "auto",
         kube: KubeClient | None = None,
         access_keys: dict[str, bytes] | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.namespace = namespace
+        # Traces and the pool metrics endpoint, as OTEL_*/SANDMAN_METRICS_LISTEN
+        # say (off by default, and then free): sandman.telemetry.
+        self.telemetry = telemetry if telemetry is not None else Telemetry.from_env()
         self.kube = kube or KubeClient.from_kubeconfig(kubeconfig, user_agent="sandman-sdk")
         self._transport_arg = transport
         self._transport: Transport | None = None
@@ -80,11 +85,13 @@ class SandmanClient:
         t = self._transport_arg
         self._transport = HttpTransport(self.kube, t) if isinstance(t, str) else t
         self.state = ClientState.OPEN
+        await self.telemetry.start()
 
     async def close(self) -> None:
         if self.state is ClientState.OPEN:
             assert self._transport is not None
             await self._transport.close()
+            await self.telemetry.aclose()  # pending traces still read Events: before kube
             await self.kube.close()
         self.state = ClientState.CLOSED
 

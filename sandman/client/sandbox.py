@@ -120,6 +120,7 @@ class Sandbox:
         self.client = client
         self.pod = pod
         self.timings = Timings(requested=time.monotonic())
+        self._traced: Timings | None = None  # the Timings whose start was traced
         self._token: str | None = None
         self.released = False
 
@@ -199,13 +200,18 @@ class Sandbox:
             else:
                 created = await create_fn(body, ns)
         except ApiError as e:
-            raise startup.admission_error(e.status, e.body) from None
+            err = startup.admission_error(e.status, e.body)
+            refused = cls(client, {**body, "metadata": {**body["metadata"], "namespace": ns}})
+            refused.timings.requested, refused.timings.created = requested, time.monotonic()
+            refused._trace_start(err)
+            raise err from None
         sb = cls(client, created)
         sb.timings.requested, sb.timings.created = requested, time.monotonic()
         if wait:
             try:
                 await sb.wait_ready(timeout_s, unschedulable_grace=unschedulable_grace)
-            except BaseException:
+            except BaseException as e:
+                sb._trace_start(e)
                 await sb.release()
                 raise
         return sb
@@ -298,6 +304,7 @@ class Sandbox:
         """Delete the pod (idempotent; a pod already gone is fine)."""
         if self.released:
             return
+        self._trace_start()  # a start no command ended
         try:
             await self.client.kube.delete(
                 PODS, self.name, self.namespace, uid=self.pod["metadata"].get("uid")
@@ -306,6 +313,14 @@ class Sandbox:
             if not (e.not_found or e.conflict):  # conflict: UID differs, a new pod: not ours
                 raise
         self.released = True
+
+    def _trace_start(self, error: BaseException | None = None) -> None:
+        """Hand this start to tracing once per Timings (a fleet restarts them
+        after a reset); a no-op unless tracing is configured."""
+        tracing = self.client.telemetry.tracing
+        if tracing.enabled and self._traced is not self.timings:
+            self._traced = self.timings
+            tracing.sandbox(self.client.kube, self.pod, self.timings, error)
 
     async def extend(self, ttl: str | dt.timedelta) -> dt.datetime:
         """Move the lease's end to now + ttl (within the policy's maximum)."""
@@ -375,6 +390,7 @@ class Sandbox:
         doc = await self._call("POST", "/v1/exec", body=body, timeout=timeout_s + 30)
         if self.timings.first_result is None:
             self.timings.first_result = time.monotonic()
+            self._trace_start()
         return ExecResult.from_json(doc)
 
     async def exec_stream(

@@ -101,6 +101,7 @@ class Fleet:
             self.client.namespace,
             cfg.pools,
             on_pod=lambda kind, pod: self.spans.pool_pod(kind, pod, self.pool_problem.get),
+            telemetry=self.client.telemetry,
         )
         async with self.pm:
             planner = asyncio.create_task(self._planner())
@@ -115,6 +116,7 @@ class Fleet:
         c.claims, c.claim_conflicts = self.pm.stats.claims, self.pm.stats.claim_conflicts
         self.data.spans = list(self.spans.spans.values())
         self.data.t_end = time.monotonic() - t0
+        self.client.telemetry.tracing.fleet_run(self.run_id, self.data, t0)
         return self.data
 
     def _now(self) -> float:
@@ -184,7 +186,7 @@ class Fleet:
             if reserved:
                 s.reserve()  # one of the problem's k, for the sandbox this rollout gets
             await self._plan()
-            t = asyncio.create_task(self._rollout(s, r, rec, stashed, reserved))
+            t = asyncio.create_task(self._traced_rollout(s, r, rec, stashed, reserved))
             running.add(t)
             t.add_done_callback(lambda t: (running.discard(t), slots.release()))
         await asyncio.gather(*running)
@@ -211,6 +213,18 @@ class Fleet:
                 log.warning("pool planning failed (retrying at the next change): %s", e)
 
     # -- one rollout ------------------------------------------------------------------
+    async def _traced_rollout(
+        self,
+        s: ProblemState,
+        r: int,
+        rec: RolloutRecord,
+        stashed: Sandbox | None,
+        reserved: bool,
+    ) -> None:
+        """``_rollout`` inside its trace span (a no-op unless tracing is configured)."""
+        with self.client.telemetry.tracing.rollout(self.run_id, rec, self.t0):
+            await self._rollout(s, r, rec, stashed, reserved)
+
     async def _rollout(
         self,
         s: ProblemState,
