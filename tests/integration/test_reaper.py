@@ -6,7 +6,6 @@ Each test runs its own reaper process(es) scoped to the test's namespace
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import json
 import os
@@ -23,7 +22,7 @@ import pytest
 from kubernetes.client import CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
-from sandman.contract import ANN_EXPIRES_AT, ANN_TTL, LABEL_SANDBOX, format_time
+from sandman.contract import ANN_EXPIRES_AT, ANN_TTL, LABEL_SANDBOX, format_time, parse_time
 from sandman.harness.cluster.kwok_nodes import KWOK_IMAGE, on_kwok
 from sandman.harness.cluster.local import LocalCluster
 from sandman.harness.kube import raw
@@ -146,7 +145,10 @@ def test_expiry_reclaims_extension_wins_unlabeled_untouched(
     print(f"reclaimed {time.monotonic() - t0:.2f}s after creation with a 3 s lease")
     ev = wait_for(lambda: events(core, namespace, "LeaseExpired"), what="LeaseExpired event")
     assert ev[0]["involvedObject"]["name"] == "expires"
-    time.sleep(3)
+    # "extended"'s old deadline has passed with "expires"'s; a sandbox whose
+    # lease ends after it is reclaimed only once the reaper is past it.
+    core.create_namespaced_pod(namespace, sandbox("later", "1s"))
+    wait_for(lambda: not exists(core, namespace, "later"), timeout=15, what="a later reclaim")
     assert exists(core, namespace, "extended") and exists(core, namespace, "bystander")
 
 
@@ -155,8 +157,11 @@ async def test_concurrent_extension_wins_over_delete(
 ) -> None:
     """The race, made deterministic: the lease is extended between the
     reaper's re-read and its delete; the delete's preconditions must refuse."""
-    core.create_namespaced_pod(namespace, sandbox("raced", "1s"))
-    await asyncio.sleep(2)  # due now
+    core.create_namespaced_pod(namespace, sandbox("raced", "1h"))
+    due = format_time(dt.datetime.now(dt.UTC) - dt.timedelta(seconds=1))
+    core.patch_namespaced_pod(
+        "raced", namespace, {"metadata": {"annotations": {ANN_EXPIRES_AT: due}}}
+    )
 
     class Racing(KubeClient):
         async def get(self, res: Any, name: str, ns: str | None = None) -> Any:
@@ -188,8 +193,19 @@ async def test_concurrent_extension_wins_over_delete(
     assert exists(core, namespace, "raced")
 
 
+def dry_run_done(r: ReaperProc) -> bool:
+    m = r.get("/metrics")
+    counted = any(
+        line.startswith("sandman_reaper_reclaimed_total{")
+        and 'dry_run="true"' in line
+        and float(line.rsplit(" ", 1)[1]) >= 1
+        for line in m.splitlines()
+    )
+    return counted and "sandman_reaper_queue_depth 0.0" in m.splitlines()
+
+
 def test_dry_run_deletes_nothing(core: CoreV1Api, namespace: str, reapers: Any) -> None:
-    reapers("--no-leader-elect", "--dry-run")
+    reaper = reapers("--no-leader-elect", "--dry-run")
     core.create_namespaced_pod(namespace, sandbox("kept", "1s"))
     ev = wait_for(
         lambda: events(core, namespace, "LeaseExpired"),
@@ -197,7 +213,8 @@ def test_dry_run_deletes_nothing(core: CoreV1Api, namespace: str, reapers: Any) 
         what="a dry-run LeaseExpired event",
     )
     assert ev[0]["message"].startswith("dry run: would reclaim")
-    time.sleep(2)
+    # The reaper is done with it (counted as a dry-run reclaim, nothing queued).
+    wait_for(lambda: dry_run_done(reaper), timeout=15, what="the dry-run reclaim counted")
     assert exists(core, namespace, "kept")
 
 
@@ -243,9 +260,19 @@ def test_restart_mid_burst_loses_no_deadline(core: CoreV1Api, namespace: str, re
     names = [f"burst-{i}" for i in range(30)]
     for i, name in enumerate(names):
         core.create_namespaced_pod(namespace, sandbox(name, f"{1 + i % 6}s"))
-    time.sleep(2.5)
+    wait_for(lambda: first.reclaimed() >= 1, timeout=15, what="the first reaper at work")
     os.kill(first.proc.pid, signal.SIGKILL)
-    time.sleep(3)  # more leases end while no reaper runs
+    # More leases end while no reaper runs: wait until every one has.
+    leases = [
+        parse_time(p.metadata.annotations[ANN_EXPIRES_AT])
+        for p in core.list_namespaced_pod(namespace).items
+        if p.metadata.name in names
+    ]
+    wait_for(
+        lambda: not leases or dt.datetime.now(dt.UTC) > max(leases),
+        timeout=15,
+        what="every lease ended while no reaper runs",
+    )
     reapers("--no-leader-elect")
     wait_for(
         lambda: all(not exists(core, namespace, n) for n in names),
