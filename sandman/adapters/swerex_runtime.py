@@ -53,6 +53,7 @@ from swerex.runtime.abstract import (
 )
 
 from sandman.adapters.loop import LoopClient
+from sandman.adapters.shell import merged
 from sandman.client import DaemonError, ExecResult, Sandbox, SandmanError, Session
 
 T = TypeVar("T")
@@ -69,15 +70,6 @@ SYNTAX_CHECK = [
     "-c",
     "if command -v bash >/dev/null 2>&1; then exec bash -n; else exec sh -n; fi",
 ]
-
-
-def merged(command: str) -> str:
-    """``command`` with stderr merged into stdout, in order, in the session's own shell.
-
-    A group, not a subshell: ``cd`` and ``export`` still persist. The newline
-    before ``}`` ends a trailing comment or heredoc terminator.
-    """
-    return "{ " + command + "\n} 2>&1"
 
 
 def exec_argv(command: Command) -> str | list[str]:

@@ -12,11 +12,11 @@ import pytest
 from swerex.exceptions import CommandTimeoutError, NonZeroExitCodeError
 from swerex.runtime.abstract import BashAction, Command
 
+from sandman.adapters.shell import merged
 from sandman.adapters.swerex import SandmanDeployment, SandmanDeploymentConfig
 from sandman.adapters.swerex_runtime import (
     command_response,
     exec_argv,
-    merged,
     observation,
     syntax_error,
     tar_of,
