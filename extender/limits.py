@@ -27,8 +27,9 @@ OBSERVED_TTL_S = 1800.0
 # historic assumed-pod expiry. Cost: a binding that failed leaves a phantom
 # pull for up to this long.
 ASSUME_TTL_S = 30.0
-# Images never reported by any node have no size; the task images are
-# 1-3 GB (and the GKE measurement used 1.2 GB), so 1 GiB. Cost: a small
+# Images never reported by any node have no size; the task images Sandman is
+# sized for (an SWE problem: repository, toolchain, dependencies; the RL batch of
+# docs/extender.md) are 1-3 GB, and the GKE measurement used 1.2 GB, so 1 GiB. Cost: a small
 # unknown image looks big, which only makes its pods co-locate more.
 DEFAULT_IMAGE_BYTES = 1 << 30
 # Memory bounds. 100k image names (sizes, learned digests) at ~300 B each is

@@ -63,7 +63,7 @@ SA_VOLUME_PREFIX = "kube-api-access-"  # what the ServiceAccount admission plugi
 # CPU-s); its page cache is charged to the container, hence a memory limit
 # well above the copy plus the interpreter (~10 MiB). Requests stay tiny so a
 # sandbox's accounting is honest without reserving much; limits exist so
-# namespaces with a ResourceQuota on limits admit the pod (issue 15 item 12).
+# namespaces with a ResourceQuota on limits admit the pod.
 INIT_RESOURCES = {
     "requests": {"cpu": "10m", "memory": "32Mi"},
     "limits": {"cpu": "500m", "memory": "128Mi"},

@@ -17,7 +17,9 @@ from pathlib import Path
 
 # Pinned upstream versions. Kubernetes 1.34 is the newest line whose kubelet still
 # defaults to failCgroupV1=false (1.35 flipped it), and these hosts are cgroup v1;
-# etcd 3.5 is what the issue asks for; kwok 0.7 is the newest served release that
+# etcd 3.5, the line Kubernetes shipped with through 1.33 (1.34's own build pins
+# 3.6), runs under 1.34 (every tier here uses it) and a disposable cluster gains
+# nothing from 3.6; kwok 0.7 is the newest served release that
 # builds against Go 1.24 without a toolchain switch.
 KUBERNETES_VERSION = "v1.34.4"
 ETCD_VERSION = "v3.5.35"
@@ -171,8 +173,9 @@ class ClusterConfig:
     kwok_node: KwokNodeShape = field(default_factory=KwokNodeShape)
     ports: Ports = field(default_factory=Ports)
     versions: Versions = field(default_factory=Versions)
-    # The second scheduler (`sandman-scheduler`) runs only when asked for; the
-    # extender issue turns it on with its extender URL.
+    # The second scheduler (`sandman-scheduler`, the one sandboxes are assigned
+    # to) runs when asked for and whenever Sandman is deployed; ``extenders``
+    # are the extenders it calls (harness/cluster/extender.py).
     sandman_scheduler: bool = False
     extenders: tuple[ExtenderSpec, ...] = ()
     real_node: RealNodeConfig = field(default_factory=RealNodeConfig)

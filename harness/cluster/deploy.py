@@ -108,6 +108,14 @@ class LocalDeployment:
             "--extra-ip=127.0.0.1",
             f"--work-dir={self.layout.state_dir / 'webhook'}",
         ]
+        # The host-run schedulers do without leader election, so they hold no
+        # Lease to judge them by (webhook/schedulers.py): not checked here.
+        argv += ["--scheduler-lease=default-scheduler=", "--scheduler-lease=sandman-scheduler="]
+        if not self.config.real_node.enabled:
+            # No real node, no registry: kwok pods never run, so there is no
+            # ENTRYPOINT/CMD to read (and 127.0.0.1:5000 may be another
+            # cluster's registry).
+            argv.append("--image-config-lookup=off")
         procs = [ManagedProcess("sandman-webhook", tuple(argv), self.layout.run, self.layout.logs)]
         procs.append(
             ManagedProcess(
@@ -221,9 +229,19 @@ class LocalDeployment:
 
         def injects() -> bool:
             # A server-side dry run goes through both webhooks and changes nothing.
+            # A command of its own: admission then never needs the image's
+            # registry for ENTRYPOINT/CMD (there is none without the real node).
             pod = {
                 "metadata": {"generateName": "probe-", "labels": {LABEL_SANDBOX: "true"}},
-                "spec": {"containers": [{"name": "c", "image": "127.0.0.1:5000/sandman/tiny:1"}]},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "c",
+                            "image": "127.0.0.1:5000/sandman/tiny:1",
+                            "command": ["sleep", "1"],
+                        }
+                    ]
+                },
             }
             got = core.create_namespaced_pod("default", pod, dry_run="All", _preload_content=False)
             return ANN_INJECTED in json.loads(got.data)["metadata"].get("annotations", {})
