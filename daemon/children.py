@@ -16,7 +16,7 @@ import contextlib
 import os
 import signal
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,13 +32,24 @@ CHILD_OOM_SCORE_ADJ_DELTA = 500
 OOM_SCORE_ADJ_MAX = 1000
 
 
-def child_oom_score_adj() -> int | None:
-    """What spawn() gives children, from the daemon's own value (None: no /proc)."""
+def _read_oom_score_adj() -> int | None:
     try:
-        own = int(Path("/proc/self/oom_score_adj").read_text())
+        return int(Path("/proc/self/oom_score_adj").read_text())
     except (OSError, ValueError):
         return None
-    return min(OOM_SCORE_ADJ_MAX, own + CHILD_OOM_SCORE_ADJ_DELTA)
+
+
+def _write_oom_score_adj(value: int) -> None:
+    with open("/proc/self/oom_score_adj", "w") as f:
+        f.write(str(value))
+
+
+def child_oom_score_adj(own: int | None) -> int | None:
+    """What spawn() gives children, from the daemon's own value (None: no /proc)."""
+    if own is None:
+        return None
+    want = min(OOM_SCORE_ADJ_MAX, own + CHILD_OOM_SCORE_ADJ_DELTA)
+    return want if want != own else None
 
 
 def become_subreaper() -> bool:
@@ -48,8 +59,10 @@ def become_subreaper() -> bool:
     reaps only its own child; without this, orphaned grandchildren would
     become zombies of a process that never waits for them.
     """
-    import ctypes  # only off PID 1 (tests, a host): ctypes costs ~1 MiB
-
+    try:
+        import ctypes  # only off PID 1 (tests, a host): ctypes costs ~1 MiB
+    except ImportError:  # the runtime tree leaves ctypes out: a sandbox runs it as PID 1
+        return False
     libc = ctypes.CDLL(None, use_errno=True)
     return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
 
@@ -68,7 +81,8 @@ class ChildReaper:
         self._unclaimed: dict[int, int] = {}
         self.orphans_reaped = 0
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.child_oom_score_adj = child_oom_score_adj()
+        self._own_oom_score_adj = _read_oom_score_adj()
+        self.child_oom_score_adj = child_oom_score_adj(self._own_oom_score_adj)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -104,6 +118,31 @@ class ChildReaper:
             elif not fut.done():
                 fut.set_result(code)
 
+    @contextlib.contextmanager
+    def children_oom_score_adj(self) -> Iterator[None]:
+        """Children are forked with the raised oom_score_adj: the daemon raises
+        its own for the spawn and goes back after (a process may return to its
+        starting value without CAP_SYS_RESOURCE). Done in the parent because a
+        preexec_fn would cost the vfork fast path on every command, and a write
+        to the child's file after the spawn would race its first allocations."""
+        want = self.child_oom_score_adj
+        if want is None or self._own_oom_score_adj is None:
+            yield
+            return
+        try:
+            _write_oom_score_adj(want)
+        except OSError:
+            self.child_oom_score_adj = None
+            yield
+            return
+        try:
+            yield
+        finally:
+            try:
+                _write_oom_score_adj(self._own_oom_score_adj)
+            except OSError:  # cannot go back down: stop raising for good
+                self.child_oom_score_adj = None
+
     @property
     def tracked(self) -> int:
         return len(self._waiters)
@@ -134,7 +173,31 @@ def spawn(
 
     Raises OSError (ENOENT, EACCES, ...) when the command cannot be started.
     """
-    proc = subprocess.Popen(
+    with reaper.children_oom_score_adj():
+        proc = _popen(argv, cwd, env, capture, merge_stderr)
+    # The reaper owns this pid's exit status. A Popen finalized with
+    # returncode None would queue itself for a later waitpid(pid) of its own,
+    # racing the reaper; a (placeholder) returncode makes it never wait.
+    proc.returncode = 0
+    if not stdin:
+        proc.stdin.close()  # type: ignore[union-attr]
+    return Child(
+        pid=proc.pid,
+        exited=reaper.watch(proc.pid),
+        stdin=_detach(proc.stdin) if stdin else None,
+        stdout=_detach(proc.stdout),
+        stderr=_detach(proc.stderr),
+    )
+
+
+def _popen(
+    argv: Sequence[str],
+    cwd: str | None,
+    env: Mapping[str, str] | None,
+    capture: bool,
+    merge_stderr: bool,
+) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
         list(argv),
         cwd=cwd,
         env=dict(env) if env is not None else None,
@@ -145,24 +208,6 @@ def spawn(
         stderr=(subprocess.STDOUT if merge_stderr else subprocess.PIPE) if capture else None,
         start_new_session=True,
         close_fds=True,
-    )
-    # The reaper owns this pid's exit status. A Popen finalized with
-    # returncode None would queue itself for a later waitpid(pid) of its own,
-    # racing the reaper; a (placeholder) returncode makes it never wait.
-    proc.returncode = 0
-    if not stdin:
-        proc.stdin.close()  # type: ignore[union-attr]
-    if reaper.child_oom_score_adj is not None:
-        # From the parent, right after the spawn: a preexec_fn would cost the
-        # vfork fast path on every command. Raising only; see the constant.
-        with contextlib.suppress(OSError), open(f"/proc/{proc.pid}/oom_score_adj", "w") as f:
-            f.write(str(reaper.child_oom_score_adj))
-    return Child(
-        pid=proc.pid,
-        exited=reaper.watch(proc.pid),
-        stdin=_detach(proc.stdin) if stdin else None,
-        stdout=_detach(proc.stdout),
-        stderr=_detach(proc.stderr),
     )
 
 

@@ -10,7 +10,11 @@ import socket
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.unit.daemon.helpers import Daemon
+
+pytestmark = pytest.mark.daemon_process
 
 
 def alive(pid: int) -> bool:

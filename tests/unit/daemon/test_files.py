@@ -7,7 +7,11 @@ import os
 import tarfile
 from pathlib import Path
 
+import pytest
+
 from tests.unit.daemon.helpers import Daemon
+
+pytestmark = pytest.mark.daemon_process
 
 
 def test_write_read_stat_list_move_remove(daemon: Daemon, tmp_path: Path) -> None:

@@ -7,7 +7,11 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.unit.daemon.helpers import start_daemon
+
+pytestmark = pytest.mark.daemon_process
 
 
 def test_sigterm_stops_children_gracefully_then_kills(tmp_path: Path) -> None:

@@ -6,7 +6,11 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.unit.daemon.helpers import Daemon, git, start_daemon, stop_daemon
+
+pytestmark = pytest.mark.daemon_process
 
 
 def make_workspace(root: Path) -> tuple[Path, str]:

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from tests.unit.daemon.helpers import Daemon
+
+pytestmark = pytest.mark.daemon_process
 
 
 def test_session_keeps_cd_and_export(daemon: Daemon, tmp_path: str) -> None:
