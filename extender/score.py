@@ -62,16 +62,17 @@ LEVELS = MAX_SCORE  # content levels 0..9; the 10th point is the tie-break
 PULL_CREDIT = 0.75
 # One other image in flight ahead of ours costs, with serialized pulls, about
 # half a pull of similar size on average (it is half done); the task images we
-# size for are all 1-3 GB (docs/extender.md), so "half of ours" is 0.5. Two queued pulls saturate the
-# penalty (value -1): beyond that the exact queue length no longer changes the
-# order, and a node that pulls for others keeps some attraction for pods
-# whose image it already holds.
+# size for are all 1-3 GB (docs/extender.md), so "half of ours" is 0.5. Two
+# queued pulls saturate the penalty (value -1): beyond that the exact queue
+# length no longer changes the order, and a node that pulls for others keeps
+# some attraction for pods whose image it already holds.
 BUSY_STEP = 0.5
 BUSY_CAP = 2
 # Pods of one image per node before the crowd penalty: 4 = rollouts per
 # problem in the RL batch we size for (500 images x 4 rollouts, the placement
-# study of docs/extender.md), the group size GRPO-style training commonly uses, so one group shares one pull. A bigger
-# group spills to a second node, which costs one more pull per CROWD_LIMIT pods.
+# study of docs/extender.md), the group size GRPO-style training commonly
+# uses, so one group shares one pull. A bigger group spills to a second
+# node, which costs one more pull per CROWD_LIMIT pods.
 CROWD_LIMIT = 4
 # 1.25 puts a holder at the limit (1 - 1.25 = -0.25, level 3) below an idle
 # empty node (level 5) and above a node busy with another pull (level 2):

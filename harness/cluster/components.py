@@ -32,6 +32,27 @@ def service_ip(cidr: str = SERVICE_CIDR) -> str:
     return str(next(ipaddress.ip_network(cidr).hosts()))
 
 
+# kube-dns' ClusterIP: the tenth address of the range, as kubeadm and kind
+# choose it; the kubelet's clusterDNS.
+CLUSTER_DNS_IP = str(ipaddress.ip_network(SERVICE_CIDR).network_address + 10)
+CLUSTER_DOMAIN = "cluster.local"
+
+
+def apiserver_address(cfg: ClusterConfig) -> str:
+    """Where the apiserver listens and what it advertises.
+
+    With the real node: the host's address on the pod bridge, so that pods
+    reach it (the `kubernetes` Service gets that endpoint; kube-proxy carries
+    10.96.0.1:443 there) and nothing but the host and its pods can. Without:
+    loopback. Never every interface.
+    """
+    return cfg.real_node.node_ip if cfg.real_node.enabled else "127.0.0.1"
+
+
+def apiserver_url(cfg: ClusterConfig) -> str:
+    return f"https://{apiserver_address(cfg)}:{cfg.ports.apiserver}"
+
+
 @dataclass(frozen=True)
 class Layout:
     """Where a cluster keeps its files, all under the state dir."""
@@ -92,8 +113,8 @@ def apiserver_argv(cfg: ClusterConfig, bins: Binaries, lay: Layout) -> list[str]
     pki = lay.pki
     return [
         str(bins.kube_apiserver),
-        "--bind-address=127.0.0.1",
-        "--advertise-address=127.0.0.1",
+        f"--bind-address={apiserver_address(cfg)}",
+        f"--advertise-address={apiserver_address(cfg)}",
         f"--secure-port={cfg.ports.apiserver}",
         f"--etcd-servers=http://127.0.0.1:{cfg.ports.etcd_client}",
         f"--cert-dir={lay.state_dir / 'apiserver-certs'}",
@@ -120,10 +141,10 @@ def apiserver_argv(cfg: ClusterConfig, bins: Binaries, lay: Layout) -> list[str]
         "--authorization-mode=Node,RBAC",
         "--enable-admission-plugins=NodeRestriction",
         "--allow-privileged=true",
-        # The endpoint reconciler would publish 127.0.0.1 as the `kubernetes`
-        # Service endpoint, which Endpoints validation rejects (loopback);
-        # everything that talks to this apiserver runs on the host anyway.
-        "--endpoint-reconciler-type=none",
+        # The endpoint reconciler publishes the advertise address as the
+        # `kubernetes` Service's endpoint; a loopback one is rejected (and
+        # useless to pods), so without the real node there is none.
+        *(() if cfg.real_node.enabled else ("--endpoint-reconciler-type=none",)),
         # Bursts of thousands of pod creates are the workload; the defaults
         # (400/200) reject them with 429 before etcd is the limit.
         "--max-requests-inflight=1600",

@@ -154,6 +154,13 @@ class RealNodeConfig:
     kubelet_healthz_port: int = 10248
     cgroup_root: str = "/sandman"
     max_pods: int = 110
+    # Host-global loopback ports of the node's network add-ons (one real node
+    # per machine, like the kubelet's): kube-proxy's upstream defaults, and a
+    # free one for kube-router (its health server would bind every interface,
+    # so it is off and its metrics serve as the health check).
+    kube_proxy_healthz_port: int = 10256
+    kube_proxy_metrics_port: int = 10249
+    kube_router_metrics_port: int = 20245
 
     @property
     def node_ip(self) -> str:
@@ -163,6 +170,11 @@ class RealNodeConfig:
     @property
     def registry(self) -> str:
         return f"127.0.0.1:{self.registry_port}"
+
+    @property
+    def pod_registry(self) -> str:
+        """The registry as pods reach it: a read-only instance on the bridge address."""
+        return f"{self.node_ip}:{self.registry_port}"
 
 
 @dataclass(frozen=True)

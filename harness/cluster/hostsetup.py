@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -38,6 +39,15 @@ REQUIREMENTS = (
     Requirement("debootstrap", "debootstrap"),
     Requirement("gcc", "gcc"),
     Requirement("ip", "iproute2"),
+    # Services and NetworkPolicy on the real node: kube-proxy (iptables mode,
+    # conntrack to flush UDP flows), kube-router (iptables + ipset), our
+    # egress guard (an nftables table).
+    Requirement("iptables", "iptables"),
+    Requirement("ipset", "ipset"),
+    Requirement("conntrack", "conntrack"),
+    Requirement("nft", "nftables"),
+    # `sandman image push`: registries with auth and TLS.
+    Requirement("skopeo", "skopeo"),
 )
 
 
@@ -128,6 +138,140 @@ def ensure_bridge(name: str, address: str, prefix: int) -> None:
     if f" {address}/{prefix} " not in addrs:
         _run(["ip", "addr", "add", f"{address}/{prefix}", "dev", name])
     _run(["ip", "link", "set", name, "up"])
+
+
+def route_via_bridge(name: str, cidr: str, src: str) -> None:
+    """Send ``cidr`` (the Service range) into the bridge, never out of eth0.
+
+    kube-proxy rewrites ClusterIPs that exist before routing; this route
+    keeps an address of the range that is no Service on the machine (it
+    would otherwise follow the default route), and gives the host's own
+    connections to Services the bridge address as their source.
+    """
+    _run(["ip", "route", "replace", cidr, "dev", name, "src", src])
+
+
+def enable_bridge_forwarding(name: str) -> None:
+    """Forwarding on the pod bridge only (ip_forward and conf.all stay as they are).
+
+    A pod calling a ClusterIP is DNATed to another pod on the same bridge:
+    that is routing. The egress guard keeps it from reaching anywhere else.
+    """
+    Path(f"/proc/sys/net/ipv4/conf/{name}/forwarding").write_text("1\n")
+
+
+BRIDGE_NF = Path("/proc/sys/net/bridge/bridge-nf-call-iptables")
+
+
+def ensure_bridge_netfilter() -> None:
+    """Bridged pod-to-pod traffic must traverse iptables: kube-proxy's reverse
+    NAT for a ClusterIP hairpin and kube-router's policy rules both rely on it
+    (with it off, a NetworkPolicy is silently bypassed on the bridge)."""
+    if not BRIDGE_NF.exists():
+        raise HostSetupError(
+            f"{BRIDGE_NF} missing: the kernel's br_netfilter is not loaded "
+            "(modprobe br_netfilter); NetworkPolicy and Services need it"
+        )
+    if BRIDGE_NF.read_text().strip() != "1":
+        BRIDGE_NF.write_text("1\n")
+
+
+GUARD_TABLE = "sandman-guard"
+
+
+def guard_ruleset(bridge: str) -> str:
+    """An nftables table that drops forwarded packets from the pod bridge to
+    anywhere but the bridge. Its own table at priority filter - 10, because
+    kube-proxy and kube-router ACCEPT in iptables' FORWARD chain (and
+    kube-router keeps moving its jump to the top), which would skip a rule of
+    ours there."""
+    return (
+        f"table inet {GUARD_TABLE} {{\n"
+        "  chain forward {\n"
+        "    type filter hook forward priority filter - 10; policy accept;\n"
+        f'    iifname "{bridge}" oifname != "{bridge}" counter drop\n'
+        "  }\n"
+        "}\n"
+    )
+
+
+def ensure_egress_guard(bridge: str) -> None:
+    remove_egress_guard()
+    proc = subprocess.run(
+        ["nft", "-f", "-"], input=guard_ruleset(bridge), capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        raise HostSetupError(f"nft: {proc.stderr.strip()}")
+
+
+def remove_egress_guard() -> None:
+    subprocess.run(["nft", "delete", "table", "inet", GUARD_TABLE], capture_output=True)
+
+
+def egress_guard_present() -> bool:
+    proc = subprocess.run(["nft", "list", "table", "inet", GUARD_TABLE], capture_output=True)
+    return proc.returncode == 0
+
+
+# -- what kube-router and kube-proxy leave behind --------------------------------
+KUBE_ROUTER_CHAIN_PREFIXES = ("KUBE-ROUTER-", "KUBE-POD-FW-", "KUBE-NWPLCY-")
+KUBE_ROUTER_SET_PREFIXES = ("KUBE-SRC-", "KUBE-DST-")
+
+
+def kube_router_cleanup_commands(filter_table: str, ipsets: list[str]) -> list[list[str]]:
+    """The commands that remove kube-router's rules, given ``iptables-save -t
+    filter`` and ``ipset list -n`` output (pure; v2.1.0 leaves its rules on
+    SIGTERM, and its own --cleanup-config removes nothing, then panics)."""
+    cmds: list[list[str]] = []
+    chains: list[str] = []
+    for line in filter_table.splitlines():
+        if line.startswith(":") and line[1:].split(" ", 1)[0].startswith(
+            KUBE_ROUTER_CHAIN_PREFIXES
+        ):
+            chains.append(line[1:].split(" ", 1)[0])
+        elif line.startswith(("-A INPUT ", "-A FORWARD ", "-A OUTPUT ")) and line.split()[
+            -1
+        ].startswith("KUBE-ROUTER-"):
+            cmds.append(["iptables", "-t", "filter", "-D", *shlex.split(line)[1:]])
+    cmds += [["iptables", "-t", "filter", "-F", c] for c in chains]
+    cmds += [["iptables", "-t", "filter", "-X", c] for c in chains]
+    cmds += [["ipset", "destroy", s] for s in ipsets if s.startswith(KUBE_ROUTER_SET_PREFIXES)]
+    return cmds
+
+
+def remove_kube_router_rules() -> list[str]:
+    """Run the cleanup; returns the commands that failed (for a warning)."""
+    save = subprocess.run(["iptables-save", "-t", "filter"], capture_output=True, text=True)
+    sets = subprocess.run(["ipset", "list", "-n"], capture_output=True, text=True)
+    if save.returncode != 0:
+        return ["iptables-save: " + save.stderr.strip()]
+    failed = []
+    for cmd in kube_router_cleanup_commands(save.stdout, sets.stdout.split()):
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            failed.append(f"{' '.join(cmd)}: {proc.stderr.strip()}")
+    return failed
+
+
+def remove_kube_proxy_rules(kube_proxy: Path) -> list[str]:
+    """``kube-proxy --cleanup`` (iptables, ip6tables and nftables modes), then
+    the empty KUBE-FIREWALL chain and jumps it leaves in both families."""
+    failed = []
+    proc = subprocess.run([str(kube_proxy), "--cleanup"], capture_output=True, text=True)
+    if proc.returncode != 0:
+        failed.append(f"kube-proxy --cleanup: {proc.stderr.strip()[-300:]}")
+    for ipt in ("iptables", "ip6tables"):
+        for chain in ("INPUT", "OUTPUT"):
+            while (
+                subprocess.run(
+                    [ipt, "-D", chain, "-j", "KUBE-FIREWALL"], capture_output=True
+                ).returncode
+                == 0
+            ):
+                pass
+        subprocess.run([ipt, "-F", "KUBE-FIREWALL"], capture_output=True)
+        subprocess.run([ipt, "-X", "KUBE-FIREWALL"], capture_output=True)
+    return failed
 
 
 def delete_bridge(name: str) -> None:

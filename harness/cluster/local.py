@@ -108,7 +108,7 @@ class LocalCluster:
 
     @property
     def server(self) -> str:
-        return f"https://127.0.0.1:{self.config.ports.apiserver}"
+        return comp.apiserver_url(self.config)
 
     @property
     def binaries(self) -> Binaries:
@@ -233,9 +233,17 @@ class LocalCluster:
         t0 = time.monotonic()
         with self._locked():
             self._binaries = ensure_binaries(
-                self.config.cache_dir, self.config.versions, self._progress
+                self.config.cache_dir,
+                self.config.versions,
+                self._progress,
+                real_node=self.config.real_node.enabled,
             )
             self.config.save()
+            if self.real_node:
+                # The apiserver listens on the pod bridge's address: the node's
+                # checks run, and the bridge is made, before it starts.
+                self.real_node.preflight()
+                self.real_node.ensure_bridge()
             self._write_files()
             checks = self._health_checks()
             procs = {p.name: p for p in self._control_plane()}
@@ -264,16 +272,20 @@ class LocalCluster:
     def _deploy(self) -> None:
         image = self.daemon_image()
         if self.real_node:
+            builder = ImageBuilder(self.config.cache_dir, self._progress)
             # Pods on the real node pull it; kwok pods only carry the name.
-            ImageBuilder(self.config.cache_dir, self._progress).build_and_push(
-                "daemon", self.real_node.registry, version="dev"
-            )
+            builder.build_and_push("daemon", self.real_node.registry, version="dev")
+            # The webhook reads the ENTRYPOINT/CMD of sandboxes without a command
+            # from the registry: tiny is what kwok pods and its registration
+            # probe name, so it must be there before the webhook is.
+            builder.build_and_push("tiny", self.real_node.registry)
         LocalDeployment(self.config, self.layout, image, self._progress).up()
 
     def _write_files(self) -> None:
         lay = self.layout
         now = dt.datetime.now(dt.UTC)
-        lay.pki.ensure_control_plane(now, comp.service_ip())
+        extra = (self.config.real_node.node_ip,) if self.config.real_node.enabled else ()
+        lay.pki.ensure_control_plane(now, comp.service_ip(), extra_ips=extra)
         for who, cert in (
             ("admin", "admin"),
             ("controller-manager", "controller-manager"),

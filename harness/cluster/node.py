@@ -1,11 +1,13 @@
-"""The real node's lifecycle: registry, containerd, kubelet; clean teardown.
+"""The real node's lifecycle: registry, containerd, kubelet, its network; clean teardown.
 
 Start order: registry (the pause image must be pullable before any pod) ->
-bridge and cgroup root -> containerd -> kubelet. Stop order matters more:
-the kubelet goes first (else it recreates the pods we remove), then every pod
-sandbox is stopped and removed through CRI (which runs CNI teardown, so
-netns, veths and IPAM leases go with it), then containerd, then leftover
-shims, mounts, cgroups and the bridge.
+bridge, its host settings and the pods' read-only registry -> cgroup root ->
+containerd -> kubelet -> kube-proxy and kube-router -> CoreDNS (netaddons.py).
+Stop order matters more: the kubelet goes first (else it recreates the pods
+we remove), then kube-router and kube-proxy, then every pod sandbox is
+stopped and removed through CRI (which runs CNI teardown, so netns, veths and
+IPAM leases go with it), then containerd, then leftover shims, mounts,
+cgroups, the proxies' iptables rules, the guard table and the bridge.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from kubernetes.client import CoreV1Api
 from sandman.harness.cluster import gvisor, hostsetup
 from sandman.harness.cluster import realnode as rn
 from sandman.harness.cluster.binaries import Binaries
-from sandman.harness.cluster.components import Layout, write_yaml
+from sandman.harness.cluster.components import Layout, apiserver_url, write_yaml
 from sandman.harness.cluster.config import ClusterConfig
 from sandman.harness.cluster.kwok_nodes import is_ready
+from sandman.harness.cluster.netaddons import NodeNetwork
 from sandman.harness.cluster.pki import write_kubeconfig
 from sandman.harness.cluster.process import ComponentFailed, ManagedProcess, wait_until
 from sandman.harness.images.build import ImageBuilder
@@ -56,6 +59,7 @@ class RealNode:
         self.lay = rn.NodeLayout(layout.state_dir / "node")
         self.binaries = binaries
         self.progress = progress
+        self.net = NodeNetwork(config, layout, self.lay, binaries, progress, self._proc)
 
     @property
     def registry(self) -> Registry:
@@ -87,6 +91,8 @@ class RealNode:
                 env=gvisor.containerd_env(self.binaries.containerd_shim_runsc.parent),
             ),
             self._proc("kubelet", rn.kubelet_argv(self.binaries.kubelet, self.config, self.lay)),
+            self.net.pod_registry(),
+            *self.net.proxies(),
         ]
 
     def health_checks(self) -> dict[str, Callable[[], bool]]:
@@ -101,6 +107,7 @@ class RealNode:
             "kubelet": lambda: http_ok(
                 f"http://127.0.0.1:{self.node.kubelet_healthz_port}/healthz"
             ),
+            **self.net.health_checks(),
         }
 
     # -- up -----------------------------------------------------------------
@@ -119,7 +126,9 @@ class RealNode:
             return f"port {self.node.registry_port} is taken by another process"
         return None
 
-    def up(self, checks_out: dict[str, Callable[[], bool]] | None = None) -> None:
+    def preflight(self) -> None:
+        """Fail early (before the control plane binds the bridge address) if this
+        machine cannot run the node or another cluster's node runs."""
         why = hostsetup.real_node_unsupported_reason()
         if why:
             raise hostsetup.HostSetupError(f"real node unsupported here: {why}")
@@ -130,19 +139,40 @@ class RealNode:
                 "one real node per machine: stop the other cluster first"
             )
         hostsetup.ensure_packages(self.progress)
+
+    def up(self, checks_out: dict[str, Callable[[], bool]] | None = None) -> None:
+        self.preflight()
         self._write_files()
         checks = self.health_checks()
         procs = {p.name: p for p in self.processes()}
         self._start_and_wait(procs["registry"], checks)
         self._push_pause()
-        net = ipaddress.ip_network(self.node.pod_cidr)
-        hostsetup.ensure_bridge(self.node.bridge, self.node.node_ip, net.prefixlen)
+        self.ensure_bridge()
+        self.net.prepare_host()
+        self._start_and_wait(procs["registry-pods"], checks)
         hostsetup.ensure_cgroup_root(self.node.cgroup_root)
         self._start_and_wait(procs["containerd"], checks)
         self._start_and_wait(procs["kubelet"], checks)
         self._wait_node_ready(procs["kubelet"])
         gvisor.ensure_runtime_class(api_client(self.layout.admin_kubeconfig))
         self.progress(f"  RuntimeClass {gvisor.RUNTIME_CLASS} (handler {gvisor.HANDLER})")
+        # The proxies read their Node at start: after the kubelet registered it.
+        self.net.apply_rbac()
+        for name in ("kube-proxy", "kube-router"):
+            self._start_and_wait(procs[name], checks)
+        coredns = ImageBuilder(self.config.cache_dir, self.progress).build_and_push(
+            "coredns", self.registry
+        )
+        self.net.deploy_dns(coredns.ref)
+        t = time.monotonic()
+        self.net.wait_dns()
+        self.progress(f"  coredns                  ready ({time.monotonic() - t:.1f}s)")
+
+    def ensure_bridge(self) -> None:
+        """The pod bridge with the host's address (also the apiserver's, so it
+        is made before the control plane starts)."""
+        net = ipaddress.ip_network(self.node.pod_cidr)
+        hostsetup.ensure_bridge(self.node.bridge, self.node.node_ip, net.prefixlen)
 
     def _start_and_wait(self, proc: ManagedProcess, checks: dict[str, Callable[[], bool]]) -> None:
         t = time.monotonic()
@@ -173,7 +203,7 @@ class RealNode:
         )
         write_kubeconfig(
             lay.kubelet_kubeconfig,
-            server=f"https://127.0.0.1:{self.config.ports.apiserver}",
+            server=apiserver_url(self.config),
             pki=pki,
             cert="kubelet-client",
             user=f"system:node:{node.name}",
@@ -196,6 +226,7 @@ class RealNode:
         )
         write_yaml(lay.kubelet_config, rn.kubelet_config(self.config, lay, pki.dir))
         write_yaml(lay.registry_config, rn.registry_config(node, lay))
+        self.net.write_files(apiserver_url(self.config), now)
 
     def _push_pause(self) -> None:
         builder = ImageBuilder(self.config.cache_dir, self.progress)
@@ -217,6 +248,7 @@ class RealNode:
         stopped = []
         if procs["kubelet"].stop():
             stopped.append("kubelet")
+        stopped += [n for n in ("kube-router", "kube-proxy") if procs[n].stop()]
         if procs["containerd"].running_pid() is not None:
             self._remove_all_pods()
         if procs["containerd"].stop():
@@ -230,13 +262,14 @@ class RealNode:
         left = hostsetup.remove_cgroup_root(self.node.cgroup_root)
         if left:
             self.progress(f"warning: cgroups still busy: {', '.join(left[:3])}")
+        for problem in self.net.teardown():
+            self.progress(f"warning: {problem}")
         if hostsetup.bridge_exists(self.node.bridge):
             hostsetup.delete_bridge(self.node.bridge)
         for d in (Path("/run/containerd/s"), Path("/run/containerd")):
             with contextlib.suppress(OSError):
                 d.rmdir()  # only if empty: another containerd may use it
-        if procs["registry"].stop():
-            stopped.append("registry")
+        stopped += [n for n in ("registry-pods", "registry") if procs[n].stop()]
         return stopped
 
     def _remove_all_pods(self) -> None:

@@ -97,14 +97,35 @@ class Pki:
         )
         self._write(name, kp)
 
-    def ensure_control_plane(self, now: dt.datetime, service_ip: str) -> None:
+    def _lacks_ips(self, name: str, ips: tuple[str, ...]) -> bool:
+        """The cert exists but does not name every one of ``ips`` (an address added later)."""
+        if not self._has(name):
+            return False
+        from cryptography import x509
+
+        cert = x509.load_pem_x509_certificate(self.crt(name).read_bytes())
+        try:
+            san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        except x509.ExtensionNotFound:
+            return True
+        have = {str(ip) for ip in san.get_values_for_type(x509.IPAddress)}
+        return not set(ips) <= have
+
+    def ensure_control_plane(
+        self, now: dt.datetime, service_ip: str, extra_ips: tuple[str, ...] = ()
+    ) -> None:
+        """``extra_ips``: more addresses the apiserver is reached at (the pod
+        bridge's, when the real node is there); a cert without one is reissued."""
         self.ensure_ca(now)
+        ips = ("127.0.0.1", service_ip, *extra_ips)
+        if self._lacks_ips("apiserver", ips):
+            self.crt("apiserver").unlink()
         self.ensure_cert(
             "apiserver",
             "kube-apiserver",
             now=now,
             dns=APISERVER_DNS,
-            ips=("127.0.0.1", service_ip),
+            ips=ips,
             server=True,
         )
         self.ensure_cert(

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from sandman.harness.cluster import gvisor
-from sandman.harness.cluster.config import ClusterConfig, RealNodeConfig
+from sandman.harness.cluster.components import CLUSTER_DNS_IP, CLUSTER_DOMAIN
+from sandman.harness.cluster.config import SERVICE_CIDR, ClusterConfig, RealNodeConfig
 from sandman.harness.cluster.kwok_nodes import NODE_KIND_LABEL
 
 CNI_BIN_DIR = Path("/usr/lib/cni")  # Debian's containernetworking-plugins
@@ -94,6 +95,22 @@ class NodeLayout:
     @property
     def registry_config(self) -> Path:
         return self.root / "registry.yml"
+
+    @property
+    def pod_registry_config(self) -> Path:
+        return self.root / "registry-pods.yml"
+
+    @property
+    def kube_proxy_config(self) -> Path:
+        return self.root / "kube-proxy.yaml"
+
+    @property
+    def kube_proxy_kubeconfig(self) -> Path:
+        return self.root / "kube-proxy.kubeconfig"
+
+    @property
+    def kube_router_kubeconfig(self) -> Path:
+        return self.root / "kube-router.kubeconfig"
 
     @property
     def registry_storage(self) -> Path:
@@ -168,6 +185,9 @@ def cni_conflist(node: RealNodeConfig, lay: NodeLayout) -> dict[str, Any]:
                 "ipam": {
                     "type": "host-local",
                     "ranges": [[{"subnet": node.pod_cidr}]],
+                    # ClusterIPs via the host, where kube-proxy translates
+                    # them; still no default route (nothing else leaves).
+                    "routes": [{"dst": SERVICE_CIDR, "gw": node.node_ip}],
                     "dataDir": str(lay.cni_ipam_dir),
                 },
             },
@@ -216,6 +236,9 @@ def kubelet_config(cfg: ClusterConfig, lay: NodeLayout, pki_dir: Path) -> dict[s
         "imageGCLowThresholdPercent": 98,
         "volumePluginDir": str(lay.kubelet_dir / "volume-plugins"),
         "resolvConf": "/etc/resolv.conf",
+        # kube-system/kube-dns (CoreDNS, deployed by the harness at up).
+        "clusterDNS": [CLUSTER_DNS_IP],
+        "clusterDomain": CLUSTER_DOMAIN,
         "containerLogMaxSize": "10Mi",
     }
 
@@ -252,8 +275,101 @@ def registry_config(node: RealNodeConfig, lay: NodeLayout) -> dict[str, Any]:
     }
 
 
-def registry_argv(lay: NodeLayout) -> list[str]:
-    return ["docker-registry", "serve", str(lay.registry_config)]
+def registry_argv(lay: NodeLayout, config: Path | None = None) -> list[str]:
+    return ["docker-registry", "serve", str(config or lay.registry_config)]
+
+
+def pod_registry_config(node: RealNodeConfig, lay: NodeLayout) -> dict[str, Any]:
+    """A second registry process for pods, read-only, on the bridge address.
+
+    Pods cannot reach the host's loopback, and docker-registry listens on one
+    address; this instance serves the same storage (distribution's read-only
+    maintenance mode refuses every write), so the webhook's image lookups
+    and anything in a pod read exactly what was pushed to 127.0.0.1:5000.
+    """
+    doc = registry_config(node, lay)
+    doc["http"] = {**doc["http"], "addr": node.pod_registry}
+    doc["storage"] = {
+        "filesystem": doc["storage"]["filesystem"],
+        "maintenance": {"readonly": {"enabled": True}, "uploadpurging": {"enabled": False}},
+    }
+    return doc
+
+
+# -- kube-proxy and kube-router (host processes, like the kubelet) -------------
+def kube_proxy_config(cfg: ClusterConfig, lay: NodeLayout) -> dict[str, Any]:
+    """iptables mode (kube-router's rules live in the same tables), loopback
+    listeners only, and no host-wide sysctl touched (see each setting)."""
+    node = cfg.real_node
+    return {
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+        "kind": "KubeProxyConfiguration",
+        "clientConnection": {"kubeconfig": str(lay.kube_proxy_kubeconfig)},
+        "hostnameOverride": node.name,
+        # Not a listen address: kube-proxy's idea of its node's primary IP.
+        "bindAddress": node.node_ip,
+        "healthzBindAddress": f"127.0.0.1:{node.kube_proxy_healthz_port}",
+        "metricsBindAddress": f"127.0.0.1:{node.kube_proxy_metrics_port}",
+        "enableProfiling": False,
+        "mode": "iptables",
+        "clusterCIDR": node.pod_cidr,
+        "detectLocalMode": "ClusterCIDR",
+        # NodePorts on the node IP only: never on loopback (which would set
+        # route_localnet=1 host-wide) nor on eth0.
+        "nodePortAddresses": [f"{node.node_ip}/32"],
+        "iptables": {
+            "localhostNodePorts": False,
+            "masqueradeAll": False,
+            # 0x4000 as upstream; kube-router marks with 0x10000/0x20000.
+            "masqueradeBit": 14,
+            "minSyncPeriod": "1s",
+            "syncPeriod": "30s",
+        },
+        # Zeros leave the host's conntrack sysctls alone: the defaults would
+        # lower nf_conntrack_max (262144 -> 131072 on 2 cores) and rewrite
+        # the TCP timeouts, machine-wide.
+        "conntrack": {
+            "maxPerCore": 0,
+            "min": 0,
+            "tcpEstablishedTimeout": "0s",
+            "tcpCloseWaitTimeout": "0s",
+            "tcpBeLiberal": False,
+            "udpTimeout": "0s",
+            "udpStreamTimeout": "0s",
+        },
+        # The default -999 needs CAP_SYS_RESOURCE, which this root lacks.
+        "oomScoreAdj": 0,
+        "configSyncPeriod": "15m0s",
+        "logging": {"verbosity": 1},
+    }
+
+
+def kube_proxy_argv(kube_proxy: Path, lay: NodeLayout) -> list[str]:
+    return [str(kube_proxy), f"--config={lay.kube_proxy_config}"]
+
+
+def kube_router_argv(kube_router: Path, cfg: ClusterConfig, lay: NodeLayout) -> list[str]:
+    """kube-router's network-policy controller only (no routing, proxy or BGP)."""
+    node = cfg.real_node
+    return [
+        str(kube_router),
+        "--run-firewall=true",
+        "--run-router=false",
+        "--run-service-proxy=false",
+        "--run-loadbalancer=false",
+        f"--kubeconfig={lay.kube_router_kubeconfig}",
+        f"--hostname-override={node.name}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--enable-ipv4=true",
+        "--enable-ipv6=false",
+        # Its health server binds every interface and has no address flag.
+        "--health-port=0",
+        "--metrics-addr=127.0.0.1",
+        f"--metrics-port={node.kube_router_metrics_port}",
+        # Pod and policy events trigger syncs; the periodic one only repairs.
+        "--iptables-sync-period=5m",
+        "--v=1",
+    ]
 
 
 def crictl_argv(crictl: Path, lay: NodeLayout, *args: str) -> list[str]:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from sandman.harness.cluster.config import default_cache_dir
 from sandman.harness.images import components
+from sandman.harness.images.addons import ADDON_RECIPES
 from sandman.harness.images.oci import (
     MEDIA_LAYER_GZIP,
     Blob,
@@ -48,8 +49,9 @@ class BuiltImage:
     uploaded_bytes: int
 
 
-# Test and harness images (recipes.py), then Sandman's components (components.py).
-IMAGE_NAMES = (*sorted(RECIPES), *COMPONENTS)
+# Test images (recipes.py), the local cluster's add-ons (addons.py), then
+# Sandman's components (components.py).
+IMAGE_NAMES = (*sorted(RECIPES), *sorted(ADDON_RECIPES), *COMPONENTS)
 
 
 def recipe(name: str, cache_dir: Path | None = None, version: str | None = None) -> Recipe:
@@ -57,6 +59,8 @@ def recipe(name: str, cache_dir: Path | None = None, version: str | None = None)
     cache_dir = cache_dir or default_cache_dir()
     if name in COMPONENTS:
         return components.recipe(name, cache_dir, components.resolve_version(version, cache_dir))
+    if name in ADDON_RECIPES:
+        return ADDON_RECIPES[name]()
     try:
         return RECIPES[name]
     except KeyError:
