@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import urlencode
 
@@ -111,6 +111,7 @@ class RegistryClient:
         *,
         session: aiohttp.ClientSession | None = None,
         insecure: Iterable[str] = (),
+        endpoints: Mapping[str, str] | None = None,
         request_timeout_s: float = REQUEST_TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
         user_agent: str = "sandman",
@@ -118,6 +119,10 @@ class RegistryClient:
         self._session = session
         self._own_session = session is None
         self.insecure = frozenset(insecure)
+        # Registry host -> base URL to reach it at (containerd's hosts.toml
+        # `server`), e.g. a registry the node reaches on loopback and a pod
+        # through the bridge: {"127.0.0.1:5000": "http://10.244.0.1:5000"}.
+        self.endpoints = {k: v.rstrip("/") for k, v in (endpoints or {}).items()}
         self.request_timeout_s = request_timeout_s
         self.clock = clock
         self.user_agent = user_agent
@@ -142,6 +147,8 @@ class RegistryClient:
         return self._session
 
     def _base(self, ref: Reference) -> str:
+        if ref.domain in self.endpoints:
+            return self.endpoints[ref.domain]
         scheme = "http" if plain_http(ref.domain, self.insecure) else "https"
         return f"{scheme}://{ref.api_host}"
 

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from sandman.contract import NAMESPACE
 from sandman.serving import add_listen_flag
+from sandman.webhook.imageconfig import LOOKUP_BUDGET_S
+from sandman.webhook.schedulers import DEFAULT_LEASES, lease_map, parse_lease_flag
 
 SERVICE = "sandman-webhook"
 CONFIG_NAME = "sandman"  # name of both webhook configurations
@@ -47,6 +49,17 @@ class WebhookConfig:
     # Publish each namespace's access key. Every replica may (same content);
     # off only for an extra instance that must not touch cluster-wide state.
     publish_access: bool = True
+    # ENTRYPOINT/CMD of pods without `command`, read from registries
+    # (webhook/imageconfig.py). Off: the daemon runs alone, with a warning.
+    image_config_lookup: bool = True
+    image_config_timeout_s: float = LOOKUP_BUDGET_S
+    read_pull_secrets: bool = False  # needs `get secrets` cluster-wide (rbac-pull-secrets.yaml)
+    insecure_registries: tuple[str, ...] = ()  # plain HTTP besides loopback
+    # Registry host -> the URL the webhook reaches it at (e.g. a node-local
+    # registry on 127.0.0.1:5000 that a webhook pod reaches via the bridge).
+    registry_endpoints: tuple[tuple[str, str], ...] = ()
+    # Scheduler name -> (namespace, Lease) whose holder shows it runs.
+    scheduler_leases: tuple[tuple[str, tuple[str, str]], ...] = tuple(DEFAULT_LEASES.items())
 
     @property
     def dns_names(self) -> tuple[str, ...]:
@@ -83,10 +96,56 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--event-on-inject", action="store_true")
     p.add_argument("--tls-secret", default=TLS_SECRET)
     p.add_argument(
+        "--image-config-lookup",
+        choices=("on", "off"),
+        default="on",
+        help="read ENTRYPOINT/CMD from the registry for sandboxes without `command`",
+    )
+    p.add_argument(
+        "--image-config-timeout",
+        type=float,
+        default=LOOKUP_BUDGET_S,
+        help="seconds one admission may wait for a registry (of the webhook's 5 s)",
+    )
+    p.add_argument(
+        "--read-pull-secrets",
+        action="store_true",
+        help="use the pod's imagePullSecrets for lookups (RBAC: get secrets)",
+    )
+    p.add_argument(
+        "--insecure-registry",
+        action="append",
+        default=[],
+        help="HOST[:PORT] spoken to over plain HTTP (loopback always is); repeat",
+    )
+    p.add_argument(
+        "--registry-endpoint",
+        action="append",
+        default=[],
+        type=_endpoint,
+        help="HOST=URL: reach the registry images name HOST at URL (e.g. "
+        "127.0.0.1:5000=http://10.244.0.1:5000); repeat",
+    )
+    p.add_argument(
+        "--scheduler-lease",
+        action="append",
+        default=[],
+        type=parse_lease_flag,
+        help="SCHEDULER=NAMESPACE/LEASE whose holder shows the scheduler runs "
+        "(SCHEDULER= for one without leader election: not checked); repeat",
+    )
+    p.add_argument(
         "--config-name",
         default=CONFIG_NAME,
         help="name of the webhook configurations to keep caBundle in",
     )
+
+
+def _endpoint(value: str) -> tuple[str, str]:
+    host, eq, url = value.partition("=")
+    if not (eq and host and url.startswith(("http://", "https://"))):
+        raise argparse.ArgumentTypeError(f"{value!r}: expected HOST=http(s)://ADDRESS[:PORT]")
+    return host, url
 
 
 def from_args(args: argparse.Namespace) -> WebhookConfig:
@@ -106,4 +165,10 @@ def from_args(args: argparse.Namespace) -> WebhookConfig:
         event_on_inject=args.event_on_inject,
         tls_secret=args.tls_secret,
         config_name=args.config_name,
+        image_config_lookup=args.image_config_lookup == "on",
+        image_config_timeout_s=args.image_config_timeout,
+        read_pull_secrets=args.read_pull_secrets,
+        insecure_registries=tuple(args.insecure_registry),
+        registry_endpoints=tuple(args.registry_endpoint),
+        scheduler_leases=lease_map(args.scheduler_lease),
     )

@@ -18,7 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from sandman import tokens
-from sandman.contract import REASON_INJECTED, REASON_POLICY_DENIED
+from sandman.contract import REASON_INJECTED, REASON_POLICY_DENIED, REASON_SCHEDULER_NOT_RUNNING
 from sandman.events import EventRecorder, ObjectRef
 from sandman.informer import Informer
 from sandman.kube_async import MUTATING_WEBHOOKS, NAMESPACES, VALIDATING_WEBHOOKS, KubeClient
@@ -27,6 +27,7 @@ from sandman.webhook import __version__
 from sandman.webhook.access import AccessPublisher, load_or_create_cluster_key
 from sandman.webhook.certs import CertManager
 from sandman.webhook.config import WebhookConfig
+from sandman.webhook.lookups import AdmissionLookups
 from sandman.webhook.metrics import WebhookMetrics
 from sandman.webhook.mutate import InjectionSettings
 from sandman.webhook.policy_source import PolicySource
@@ -39,6 +40,8 @@ from sandman.webhook.review import (
     decide_validation,
     parse_review,
 )
+from sandman.webhook.rewrite import ImageFacts
+from sandman.webhook.schedulers import warning_text
 
 log = logging.getLogger("sandman.webhook")
 
@@ -59,6 +62,7 @@ class WebhookState:
     cluster_key: bytes | None = None
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     extra_ns_labels: dict[str, dict[str, str]] = field(default_factory=dict)
+    lookups: AdmissionLookups | None = None
 
     def ns_labels(self, namespace: str) -> dict[str, str]:
         if self.namespaces is not None:
@@ -67,7 +71,7 @@ class WebhookState:
                 return (ns.get("metadata") or {}).get("labels") or {}
         return self.extra_ns_labels.get(namespace, {})
 
-    def context(self) -> Context:
+    def context(self, images: dict[str, ImageFacts] | None = None) -> Context:
         key = self.cluster_key
         assert key is not None
 
@@ -83,6 +87,7 @@ class WebhookState:
             now=lambda: dt.datetime.now(dt.UTC),
             new_id=tokens.new_sandbox_id,
             token_hash_for=token_hash_for,
+            images=images,
         )
 
     def ready(self) -> tuple[bool, list[str]]:
@@ -137,14 +142,37 @@ async def _admit(request: web.Request, endpoint: str) -> web.Response:
         st.metrics.malformed(endpoint)
         return web.json_response({"error": str(e)}, status=e.status)
     await _namespace_labels_for(st, review.namespace)
-    ctx = st.context()
+    images = None
+    if endpoint == "mutate" and st.lookups is not None:
+        images = await st.lookups.images_for(review)
+    ctx = st.context(images)
     outcome = (
         decide_mutation(ctx, review) if endpoint == "mutate" else decide_validation(ctx, review)
     )
+    if endpoint == "validate" and outcome.allowed:
+        await _check_scheduler(st, review, outcome)
     elapsed = time.monotonic() - t0
     st.metrics.observe(endpoint, outcome, elapsed)
     _record(st, review, outcome, endpoint)
     return web.json_response(outcome.response(review.uid))
+
+
+async def _check_scheduler(st: WebhookState, r: Review, outcome: Outcome) -> None:
+    """Warn (admission warning and an Event on the pod) when the sandbox's
+    scheduler shows no running instance: the pod would stay Pending silently.
+    Checked at validation, where the final schedulerName, name and UID exist."""
+    if st.lookups is None:
+        return
+    found = await st.lookups.scheduler_problem(r)
+    if found is None:
+        return
+    text = warning_text(*found)
+    outcome.warnings.append(text)
+    if r.dry_run or st.recorder is None:
+        return
+    md = r.obj.get("metadata") or {}
+    ref = ObjectRef("Pod", r.namespace, md.get("name", ""), md.get("uid", ""))
+    st.recorder.emit(ref, REASON_SCHEDULER_NOT_RUNNING, text, "Warning")
 
 
 def _record(st: WebhookState, r: Review, outcome: Outcome, endpoint: str) -> None:
@@ -235,6 +263,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     publisher = AccessPublisher(st.client, st.cluster_key, set(cfg.excluded_namespaces))
     st.namespaces = Informer(st.client, NAMESPACES, publisher.on_namespace)
     st.recorder = EventRecorder(st.client, "sandman-webhook")
+    st.lookups = AdmissionLookups.build(cfg, st.client, st.metrics.observe_lookup)
     if not cfg.publish_access:
         st.namespaces.handler = lambda _kind, _obj: None
     tasks += [
@@ -260,6 +289,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     for t in tasks:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+    if st.lookups is not None:
+        await st.lookups.close()
     await st.client.close()
 
 

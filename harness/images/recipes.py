@@ -174,6 +174,16 @@ def _swe_repo_layer(root: Path) -> None:
     _run("git", "commit", "-q", "-m", "calc: initial import", cwd=repo, env=env)
 
 
+# -- entry: tiny plus an ENTRYPOINT script and a CMD (issue 16: pods without a
+# command run the image's own ENTRYPOINT/CMD under the daemon) -----------------
+ENTRY_SCRIPT = '#!/bin/sh\necho "entrypoint ran in $(pwd) with: $*"\nexec "$@"\n'
+
+
+def _entry_layer(root: Path) -> None:
+    (root / "entry.sh").write_text(ENTRY_SCRIPT)
+    os.chmod(root / "entry.sh", 0o755)
+
+
 PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 RECIPES: dict[str, Recipe] = {
@@ -194,6 +204,20 @@ RECIPES: dict[str, Recipe] = {
             working_dir="/",
             user="0:0",
             exposed_ports=("8080/tcp",),
+        ),
+    ),
+    "entry": Recipe(
+        name="entry",
+        tag="1",
+        layers=(("tiny-r1", _tiny_layer), ("entry-r1", _entry_layer)),
+        config=ImageConfig(
+            entrypoint=("/entry.sh",),
+            # `$$` is the shell's pid: it survives only if the webhook escapes
+            # it against the kubelet's $(VAR) expansion (which turns $$ into $).
+            cmd=("sh", "-c", "echo cmd ran pid=$$; exec sleep 3600"),
+            env=(PATH_ENV,),
+            working_dir="/www",
+            user="0:0",
         ),
     ),
     "swe": Recipe(

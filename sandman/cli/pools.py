@@ -25,6 +25,7 @@ from sandman.kube_async import PODS, REPLICASETS, ApiError, KubeClient, list_all
 from sandman.pools.claim import NoIdlePod, claim
 from sandman.pools.health import FAILING, PoolHealth, pool_health
 from sandman.pools.spec import PoolSpec, pool_selector, replicaset_name
+from sandman.pools.warm import PoolRefused, dry_run_pod
 
 Cmd = Callable[[argparse.Namespace, SandmanClient], Awaitable[int]]
 DEFAULT_CLAIM_TTL = "30m"
@@ -157,6 +158,12 @@ async def cmd_create(args: argparse.Namespace, client: SandmanClient) -> int:
     )
     if args.ttl:
         parse_duration(args.ttl, field="--ttl")  # fail here, not per pod at admission
+    try:
+        # Admission first: warms the webhook's image cache for the pool's pods,
+        # and a refused pod is refused here, with the reason.
+        await dry_run_pod(client.kube, spec, args.namespace)
+    except PoolRefused as e:
+        raise CliError(str(e)) from None
     try:
         await client.kube.create(REPLICASETS, spec.replicaset(), args.namespace)
     except ApiError as e:

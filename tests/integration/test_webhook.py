@@ -17,6 +17,7 @@ from sandman.contract import (
     ANN_CONTAINER,
     ANN_EXPIRES_AT,
     ANN_INJECTED,
+    DAEMON_ARGV,
     LABEL_ID,
     LABEL_SANDBOX,
 )
@@ -68,16 +69,22 @@ def assert_injected(pod: dict[str, Any], target: str = "main") -> dict[str, Any]
     assert spec["activeDeadlineSeconds"] > 0
     assert [c["name"] for c in spec["initContainers"]].count("sandman-install") == 1
     c = next(c for c in spec["containers"] if c["name"] == target)
-    assert c["command"][:4] == ["/.sandman/sandmand", "serve", "--listen=0.0.0.0:7878", "--"]
-    assert {"SANDMAN_TOKEN_SHA256", "TMPDIR"} <= {e["name"] for e in c["env"]}
+    # daemon flags (exit-with-command, readiness probe) may come before "--"
+    head = [*DAEMON_ARGV, "serve", "--listen=0.0.0.0:7878"]
+    assert c["command"][: len(head)] == head
+    assert "--" in c["command"]
+    assert "SANDMAN_TOKEN_SHA256" in {e["name"] for e in c["env"]}
     assert not any(v["name"].startswith("kube-api-access-") for v in spec.get("volumes", []))
     return c
 
 
-def test_injection_shapes(core: CoreV1Api, namespace: str) -> None:
-    # generateName, no annotations map, no command
+def test_injection_shapes(core: CoreV1Api, namespace: str, cluster: LocalCluster) -> None:
+    # generateName, no annotations map, no command: the image's CMD runs (tiny's
+    # httpd) where the cluster has a registry; without one the webhook reads no
+    # image configs (--image-config-lookup=off) and the daemon runs alone.
     c = assert_injected(create(core, namespace, sandbox_pod()))
-    assert c["command"][4:] == []
+    tiny_cmd = ["httpd", "-f", "-v", "-p", "8080", "-h", "/www"]
+    assert original_command(c) == (tiny_cmd if cluster.real_node else [])
     # existing init containers and a native sidecar; several containers, target by annotation;
     # existing command/args/probes/securityContext
     pod = sandbox_pod(
@@ -102,14 +109,19 @@ def test_injection_shapes(core: CoreV1Api, namespace: str) -> None:
     )
     got = create(core, namespace, pod)
     agent = assert_injected(got, "agent")
-    assert agent["command"][4:] == ["python3", "-m", "x"] and "args" not in agent
+    assert original_command(agent) == ["python3", "-m", "x"] and "args" not in agent
     assert agent["livenessProbe"] == {"exec": {"command": ["true"]}, **_probe_defaults()}
-    assert agent["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    # the agent's own readiness probe is combined with the daemon's (GET /readyz)
+    assert agent["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert agent["securityContext"]["runAsUser"] == 1000
     inits = [i["name"] for i in got["spec"]["initContainers"]]
     assert inits == ["sandman-install", "setup", "proxy"]
     helper = got["spec"]["containers"][0]
     assert "command" not in helper
+
+
+def original_command(c: dict[str, Any]) -> list[str]:
+    return c["command"][c["command"].index("--") + 1 :]
 
 
 def _probe_defaults() -> dict[str, int]:

@@ -1,0 +1,141 @@
+"""The webhook's image-config cache (injected clock) and lookups against a loopback registry."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+
+from sandman.oci import ImageConfig, Reference
+from sandman.registry import Keychain, RegistryClient
+from sandman.webhook.imagecache import ImageConfigCache
+from sandman.webhook.imageconfig import ImageConfigResolver, pull_secret_names
+from tests.unit.registry.fake import FakeRegistry
+
+CFG = ImageConfig(entrypoint=("/e",), cmd=("c",))
+D1, D2 = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_tag_entries_expire_digest_entries_do_not() -> None:
+    clock = Clock()
+    cache = ImageConfigCache(clock, tag_ttl_s=30, failure_ttl_s=5)
+    tag = Reference.parse("127.0.0.1:5000/app:1")
+    cache.remember(tag, "anonymous", D1, CFG)
+    clock.t += 30 - 0.001  # just inside the tag TTL: answered from the cache
+    assert cache.get(tag, "anonymous") is not None
+    clock.t += 0.001  # at 30 s the tag must be resolved again ...
+    assert cache.get(tag, "anonymous") is None
+    assert cache.stale_digest(tag, "anonymous") == D1  # ... by one HEAD, not a full fetch
+    clock.t += 10**6  # content named by digest never changes
+    assert cache.get(tag.with_digest(D1), "anonymous") is not None
+    assert cache.config_for(tag, D1, "anonymous") == CFG
+
+
+def test_failures_expire_and_entries_are_per_login() -> None:
+    clock = Clock()
+    cache = ImageConfigCache(clock, tag_ttl_s=30, failure_ttl_s=5)
+    ref = Reference.parse("127.0.0.1:5000/app:1")
+    cache.remember_failure(ref, "anonymous", "unreachable")
+    clock.t += 4.999
+    assert cache.failure(ref, "anonymous") == "unreachable"
+    clock.t += 0.001
+    assert cache.failure(ref, "anonymous") is None
+    cache.remember(ref, "cred-a", D1, CFG)
+    assert cache.get(ref, "cred-a") is not None
+    assert cache.get(ref, "anonymous") is None  # never answered to a pod without that login
+
+
+def test_lru_bound() -> None:
+    cache = ImageConfigCache(Clock(), max_entries=2)
+    refs = [Reference.parse(f"r.io/app{i}@{D1}") for i in range(3)]
+    for r in refs:
+        cache.remember(r, "anonymous", D1, CFG)
+    assert cache.get(refs[0], "anonymous") is None and len(cache) == 2
+
+
+def test_pull_secret_names() -> None:
+    pod = {"spec": {"imagePullSecrets": [{"name": "a"}, {}, {"name": "b"}]}}
+    assert pull_secret_names(pod) == ["a", "b"] and pull_secret_names({}) == []
+
+
+async def test_one_fetch_per_image_for_a_burst_then_the_cache() -> None:
+    async with FakeRegistry() as reg:
+        d = reg.add_image("app", "1", {"Entrypoint": ["/e"], "Cmd": ["c"]})
+        clock = Clock()
+        res = ImageConfigResolver(RegistryClient(), ImageConfigCache(clock))
+        image = f"{reg.host}/app:1"
+        got = await asyncio.gather(*(res.lookup(image, "ns", []) for _ in range(20)))
+        assert {(f.digest, f.config.entrypoint if f.config else None) for f in got} == {
+            (d, ("/e",))
+        }
+        assert reg.hits["manifest-GET"] == 1 and reg.hits["blob"] == 1
+        await res.lookup(image, "ns", [])
+        assert reg.hits["manifest-GET"] == 1  # within the tag TTL: no request
+        clock.t += 30
+        again = await res.lookup(image, "ns", [])
+        # after the TTL, one HEAD confirms the tag did not move
+        assert again.digest == d and reg.hits["manifest-HEAD"] == 1
+        assert reg.hits["manifest-GET"] == 1
+        await res.close()
+
+
+async def test_a_slow_registry_fails_the_budget_but_fills_the_cache_for_the_retry() -> None:
+    async with FakeRegistry(delay_s=0.5) as reg:
+        reg.add_image("app", "1", {"Cmd": ["c"]})
+        res = ImageConfigResolver(RegistryClient(), ImageConfigCache(Clock()), budget_s=0.1)
+        image = f"{reg.host}/app:1"
+        first = await res.lookup(image, "ns", [])
+        assert first.config is None and "within 0.1s" in first.error
+        # the fetch went on in the background; the retry is answered from the cache
+        async with asyncio.timeout(10):
+            while not res.cache.get(Reference.parse(image), "anonymous"):
+                await asyncio.sleep(0.05)
+        retry = await res.lookup(image, "ns", [])
+        assert retry.config is not None and retry.config.cmd == ("c",)
+        await res.close()
+
+
+async def test_unreachable_and_missing_images_are_errors_remembered_briefly() -> None:
+    async with FakeRegistry() as reg:
+        clock = Clock()
+        res = ImageConfigResolver(RegistryClient(), ImageConfigCache(clock, failure_ttl_s=5))
+        missing = await res.lookup(f"{reg.host}/nope:1", "ns", [])
+        assert "no such image" in missing.error
+        await res.lookup(f"{reg.host}/nope:1", "ns", [])
+        assert reg.hits["manifest-GET"] == 1  # the retry within 5 s is answered at once
+        bad = await res.lookup("Not A Ref", "ns", [])
+        assert bad.error and bad.config is None
+        await res.close()
+
+
+async def test_credentials_decide_the_cache_entry() -> None:
+    class Secrets:
+        def __init__(self, chain: Keychain) -> None:
+            self.chain = chain
+
+        async def keychain(self, namespace: str, names: list[str]) -> Keychain:
+            return self.chain if names else Keychain()
+
+    async with FakeRegistry(auth="basic") as reg:
+        reg.add_image("app", "1", {"Cmd": ["private"]})
+        auth = base64.b64encode(b"alice:s3cret").decode()
+        chain = Keychain.from_docker_config({"auths": {reg.host: {"auth": auth}}})
+        res = ImageConfigResolver(
+            RegistryClient(),
+            ImageConfigCache(Clock()),
+            secrets=Secrets(chain),  # type: ignore[arg-type]
+        )
+        image = f"{reg.host}/app:1"
+        ok = await res.lookup(image, "ns", ["regcred"])
+        assert ok.config is not None and ok.config.cmd == ("private",)
+        # a pod without the secret is not answered from the entry the secret filled
+        denied = await res.lookup(image, "other", [])
+        assert denied.config is None and "requires credentials" in denied.error
+        await res.close()

@@ -1,0 +1,97 @@
+"""What admission reads besides the review itself: image configs and scheduler Leases.
+
+The decisions in ``review``/``mutate`` are pure and synchronous; the facts
+they need from registries (a target container without ``command``) and from
+the apiserver (is the pod's scheduler running?) are fetched here first, in
+the server's event loop, within the admission's time budget.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sandman.contract import ANN_INJECTED, annotations, is_sandbox
+from sandman.kube_async import KubeClient
+from sandman.registry import RegistryClient
+from sandman.webhook.config import WebhookConfig
+from sandman.webhook.imagecache import ImageConfigCache
+from sandman.webhook.imageconfig import ImageConfigResolver, PullSecrets, pull_secret_names
+from sandman.webhook.review import PROTECTED_NAMESPACES, Review
+from sandman.webhook.rewrite import DEFAULT_SCHEDULER, ImageFacts, image_to_resolve
+from sandman.webhook.schedulers import SchedulerLeases
+
+
+class AdmissionLookups:
+    """Owns the registry client, the image cache and the Lease reads. Event-loop only."""
+
+    def __init__(
+        self, images: ImageConfigResolver | None, schedulers: SchedulerLeases | None
+    ) -> None:
+        self.images = images
+        self.schedulers = schedulers
+
+    @classmethod
+    def build(
+        cls,
+        config: WebhookConfig,
+        client: KubeClient,
+        on_lookup: Callable[[str, float], None] | None = None,
+    ) -> AdmissionLookups:
+        images = None
+        if config.image_config_lookup:
+            images = ImageConfigResolver(
+                RegistryClient(
+                    insecure=config.insecure_registries,
+                    endpoints=dict(config.registry_endpoints),
+                    user_agent="sandman-webhook",
+                ),
+                ImageConfigCache(time.monotonic),
+                secrets=PullSecrets(client, time.monotonic) if config.read_pull_secrets else None,
+                budget_s=config.image_config_timeout_s,
+                on_result=on_lookup,
+            )
+        schedulers = SchedulerLeases(
+            client,
+            dict(config.scheduler_leases),
+            clock=lambda: dt.datetime.now(dt.UTC),
+            monotonic=time.monotonic,
+        )
+        return cls(images, schedulers)
+
+    async def close(self) -> None:
+        if self.images is not None:
+            await self.images.close()
+
+    def _admissible_sandbox(self, r: Review) -> bool:
+        return (
+            r.kind == "Pod"
+            and r.operation == "CREATE"
+            and r.namespace not in PROTECTED_NAMESPACES
+            and is_sandbox(r.obj)
+        )
+
+    async def images_for(self, r: Review) -> dict[str, ImageFacts] | None:
+        """Facts for the mutation: None when lookups are off, else the images it needs."""
+        if self.images is None:
+            return None
+        if not self._admissible_sandbox(r) or ANN_INJECTED in annotations(r.obj):
+            return {}
+        image = image_to_resolve(r.obj)
+        if image is None:
+            return {}
+        facts = await self.images.lookup(image, r.namespace, pull_secret_names(r.obj))
+        return {image: facts}
+
+    async def scheduler_problem(self, r: Review) -> tuple[str, str] | None:
+        """(scheduler, why it looks stopped) for a sandbox about to be created, else None."""
+        if self.schedulers is None or not self._admissible_sandbox(r):
+            return None
+        spec: dict[str, Any] = r.obj.get("spec") or {}
+        if spec.get("nodeName"):
+            return None  # bound already: no scheduler involved
+        name = spec.get("schedulerName") or DEFAULT_SCHEDULER
+        problem = await self.schedulers.problem(name)
+        return (name, problem) if problem else None
