@@ -116,14 +116,6 @@ class LocalDeployment:
             # ENTRYPOINT/CMD to read (and 127.0.0.1:5000 may be another
             # cluster's registry).
             argv.append("--image-config-lookup=off")
-        # The host-run schedulers do without leader election, so they hold no
-        # Lease to judge them by (webhook/schedulers.py): not checked here.
-        argv += ["--scheduler-lease=default-scheduler=", "--scheduler-lease=sandman-scheduler="]
-        if not self.config.real_node.enabled:
-            # No real node, no registry: kwok pods never run, so there is no
-            # ENTRYPOINT/CMD to read (and 127.0.0.1:5000 may be another
-            # cluster's registry).
-            argv.append("--image-config-lookup=off")
         procs = [ManagedProcess("sandman-webhook", tuple(argv), self.layout.run, self.layout.logs)]
         procs.append(
             ManagedProcess(
