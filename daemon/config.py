@@ -56,7 +56,7 @@ class DaemonConfig:
     grace_s: float = 5.0  # SIGTERM -> SIGKILL for children at shutdown
     limits: Limits = field(default_factory=Limits)
     # When the supervised command exits, stop serving and exit with its code
-    # (Jobs and other run-to-completion owners; issue 16).
+    # (Jobs and other run-to-completion owners, which wait for the pod to end).
     exit_with_command: bool = False
     # /v1/reset is refused (the eval profile: one fresh sandbox per task).
     no_reset: bool = False

@@ -4,7 +4,7 @@ The webhook replaces the container's readinessProbe with the daemon's, so
 that Ready means "the sandbox takes commands"; a server image whose own probe
 said "my app is up" would lose that meaning. The webhook passes the original
 Probe as ``--readiness-probe=JSON`` and points the kubelet at /readyz, which
-is ready only when the daemon is AND the original probe passes (issue 16).
+is ready only when the daemon is AND the original probe passes.
 
 Supported handlers are the three the kubelet runs itself: httpGet, tcpSocket
 and exec. Ports must be numbers (the webhook resolves named ports, which the

@@ -174,8 +174,8 @@ def _swe_repo_layer(root: Path) -> None:
     _run("git", "commit", "-q", "-m", "calc: initial import", cwd=repo, env=env)
 
 
-# -- entry: tiny plus an ENTRYPOINT script and a CMD (issue 16: pods without a
-# command run the image's own ENTRYPOINT/CMD under the daemon) -----------------
+# -- entry: tiny plus an ENTRYPOINT script and a CMD (pods without a command
+# run the image's own ENTRYPOINT/CMD under the daemon) --------------------------
 ENTRY_SCRIPT = '#!/bin/sh\necho "entrypoint ran in $(pwd) with: $*"\nexec "$@"\n'
 
 

@@ -1,4 +1,5 @@
-"""Issue 15 items 1-3 and the daemon flags of issues 16/19, against a real daemon.
+"""Daemon hardening (idle figure, bounded streaming, OOM preference, FIFOs) and
+its flags (exit with the command, no reset, readiness), against a real daemon.
 
 Each test here fails on the daemon before these fixes: the idle figure moved
 only when a request started, streamed exec buffered without bound, children

@@ -281,7 +281,7 @@ def test_service_account_token_volume_added_by_admission_is_removed() -> None:
 
 
 def test_install_step_passes_pod_security_restricted_and_has_limits() -> None:
-    # Issue 15 item 12: admitted where PSA `restricted` or a ResourceQuota on
+    # The install step is admitted where PSA `restricted` or a ResourceQuota on
     # limits is enforced, and a pod with runAsNonRoot but no user still starts.
     p = pod(securityContext={"runAsNonRoot": True})
     out, _ = injected(p)
