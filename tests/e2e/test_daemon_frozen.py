@@ -1,12 +1,11 @@
-"""The frozen daemon (`sandmand`) runs as PID 1 in root filesystems without Python.
+"""The daemon's runtime tree runs as PID 1 in root filesystems without Python.
 
-Builds the static executable (cached; `make daemon` does the same) and runs it
-under `unshare --pid --fork --mount-proc` + `chroot`, the way a container
-runtime would, in (a) a rootfs holding nothing but busybox-static (no libc, no
-/tmp) and (b) the Debian rootfs of the `swe` image. As in a sandbox, the
-executable sits in an otherwise empty /.sandman (the emptyDir) and TMPDIR
-points there, so both extraction stages (staticx, then PyInstaller) land in it
-(see daemon/freeze/README.md).
+Builds the tree (cached; `make daemon` does the same) and runs it under
+`unshare --pid --fork --mount-proc` + `chroot`, the way a container runtime
+would, in (a) a rootfs holding nothing but busybox-static (no libc, no /tmp)
+and (b) the Debian rootfs of the `swe` image. As in a sandbox, the tree sits at
+/.sandman/rt (the init container's copy in the emptyDir) and nothing is
+unpacked at start (see daemon/freeze/README.md).
 """
 
 from __future__ import annotations
@@ -30,15 +29,15 @@ import pytest
 from sandman.daemon import __version__ as DAEMON_VERSION
 from sandman.harness.cluster.config import default_cache_dir
 from sandman.harness.images.build import ImageBuilder
-from sandman.harness.images.daemon_binary import ensure_daemon_binary
+from sandman.harness.images.daemon_binary import ensure_daemon_tree, serve_argv
 from sandman.harness.testing import free_port
 
 BUSYBOX = Path("/bin/busybox")  # Debian's busybox-static: needs no shared libc
 UNSHARE = shutil.which("unshare")
 CHROOT = shutil.which("chroot")
 
-# A start (two extractions of ~14 MB, then Python) took 0.6-0.7 s here;
-# 30 s leaves room for a loaded CI machine without hiding a hang.
+# A start (the interpreter and the daemon's imports) takes ~0.1 s idle and
+# ~1 s on a loaded 2-core machine; 30 s leaves room without hiding a hang.
 STARTUP_TIMEOUT_S = 30.0
 # The daemon gives its children 5 s of grace on SIGTERM (config.grace_s) but
 # runs none here, so it should be gone at once (0.1 s here); 5 s is "a few".
@@ -47,13 +46,14 @@ HEALTHZ_POLL_S = 0.01
 
 TOKEN = "frozen-test-token"
 
-# What a container runtime gives PID 1: a PATH, and (from the webhook) TMPDIR
-# pointing at the daemon's emptyDir plus the token's hash.
+# What a container runtime gives PID 1: a PATH, and (from the webhook) the
+# token's hash. An image's own PYTHONPATH must not reach the daemon (-I).
 SANDBOX_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-    "TMPDIR": "/.sandman",
     "SANDMAN_TOKEN_SHA256": hashlib.sha256(TOKEN.encode()).hexdigest(),
+    "PYTHONPATH": "/nonexistent",
 }
+DAEMON = serve_argv()
 
 
 def _unavailable() -> str | None:
@@ -72,7 +72,7 @@ pytestmark = pytest.mark.skipif(UNAVAILABLE is not None, reason=f"frozen daemon:
 
 @pytest.fixture(scope="module")
 def sandmand() -> Path:
-    return ensure_daemon_binary(default_cache_dir(), progress=print)
+    return ensure_daemon_tree(default_cache_dir(), progress=print)
 
 
 # -- root filesystems ----------------------------------------------------------
@@ -117,12 +117,11 @@ def rootfs(
 
 @pytest.fixture
 def daemon_dir(rootfs: Path, sandmand: Path) -> Path:
-    """A fresh /.sandman holding only the executable, as the init container leaves it."""
+    """A fresh /.sandman holding only the tree, as the init container leaves it."""
     d = rootfs / ".sandman"
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir()
-    shutil.copyfile(sandmand, d / "sandmand")
-    (d / "sandmand").chmod(0o755)
+    shutil.copytree(sandmand / "rt", d / "rt", symlinks=True)
     return d
 
 
@@ -204,7 +203,7 @@ def _exercise_api(port: int) -> None:
     r = _api(port, "POST", "/v1/exec", {"cmd": "echo $((6*7)) >&2; exit 3"})
     assert (r["exit_code"], r["stderr"]) == (3, "42\n")
     env = _api(port, "POST", "/v1/exec", {"cmd": ["env"]})["stdout"]
-    for leaked in ("TMPDIR", "STATICX_", "_PYI_", "LD_LIBRARY_PATH", "SANDMAN_TOKEN"):
+    for leaked in ("STATICX_", "_PYI_", "LD_LIBRARY_PATH", "SANDMAN_TOKEN", "PYTHONPATH"):
         assert leaked not in env, env
     _api(port, "PUT", "/v1/files?path=/work/note.txt&mkdirs=1", raw=b"frozen files")
     assert _api(port, "GET", "/v1/files?path=/work/note.txt") == b"frozen files"
@@ -213,7 +212,7 @@ def _exercise_api(port: int) -> None:
     )
     # The daemon's own files are off limits, the executable included.
     try:
-        _api(port, "GET", "/v1/files?path=/.sandman/sandmand")
+        _api(port, "GET", "/v1/files?path=/.sandman/rt/bin/sandmand")
         raise AssertionError("the daemon's executable was readable")
     except urllib.error.HTTPError as e:
         assert e.code == 403
@@ -227,10 +226,16 @@ def _exercise_api(port: int) -> None:
     # A timeout kills the whole tree, exit code exact.
     r = _api(port, "POST", "/v1/exec", {"cmd": "sleep 30 & sleep 31", "timeout_s": 0.3})
     assert (r["timed_out"], r["exit_code"]) == (True, -9)
-
-
-def _extraction_dirs(d: Path) -> list[str]:
-    return sorted(p.name for p in d.iterdir() if p.name.startswith(("staticx-", "_MEI")))
+    # Lazily imported modules are in the tree: tar both ways, a streamed exec,
+    # status (processes), metrics, a reset.
+    tar = _api(port, "GET", "/v1/files/tar?path=/work&gzip=1")
+    assert tar[:2] == b"\x1f\x8b"
+    _api(port, "PUT", "/v1/files/tar?path=/work/copy&mkdirs=1", raw=tar)
+    assert _api(port, "GET", "/v1/files?path=/work/copy/work/note.txt") == b"frozen files"
+    assert b'"type": "result"' in _api(port, "POST", "/v1/exec?stream=1", {"cmd": ["true"]})
+    assert b"sandman_daemon_requests_total" in _api(port, "GET", "/metrics")
+    assert _api(port, "POST", "/v1/reset")["actions"]
+    assert _api(port, "GET", "/v1/idle") == {"idle_s": 0}
 
 
 # -- the test ------------------------------------------------------------------
@@ -239,7 +244,7 @@ def test_frozen_daemon_serves_as_pid1(
 ) -> None:
     port = free_port()
     log = tmp_path / "sandmand.log"
-    argv = _in_new_pid_ns(rootfs, "/.sandman/sandmand", "serve", "--listen", f"127.0.0.1:{port}")
+    argv = _in_new_pid_ns(rootfs, *DAEMON, "serve", "--listen", f"127.0.0.1:{port}")
     started = time.monotonic()
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, env=SANDBOX_ENV, stdout=out, stderr=subprocess.STDOUT)
@@ -251,13 +256,19 @@ def test_frozen_daemon_serves_as_pid1(
 
         _exercise_api(port)
 
-        # Both stages unpacked into the daemon's dir, not the image's /tmp.
-        unpacked = _extraction_dirs(daemon_dir)
-        assert any(n.startswith("staticx-") for n in unpacked), unpacked
-        assert any(n.startswith("_MEI") for n in unpacked), unpacked
+        # Nothing was unpacked: the daemon's dir holds the tree and its state.
+        assert sorted(p.name for p in daemon_dir.iterdir()) == ["rt", "run"], list(
+            daemon_dir.iterdir()
+        )
+        # One process: the daemon is the namespace's PID 1, with no bootloader.
+        status = _api(port, "GET", "/v1/status")
+        ours = [p for p in status["processes"] if p["pid"] == 1]
+        assert ours and ours[0]["cmd"][0] == DAEMON[0], status["processes"]
+        with capsys.disabled():
+            print(f"[{rootfs.name}] PID 1 RSS {ours[0]['rss_bytes'] / 2**20:.1f} MiB")
 
         version = subprocess.run(
-            _in_new_pid_ns(rootfs, "/.sandman/sandmand", "version"),
+            _in_new_pid_ns(rootfs, *DAEMON, "version"),
             env=SANDBOX_ENV,
             capture_output=True,
             text=True,
@@ -265,16 +276,6 @@ def test_frozen_daemon_serves_as_pid1(
         )
         assert version.returncode == 0, version.stderr
         assert version.stdout.strip() == DAEMON_VERSION
-        if (rootfs / "tmp").is_dir():
-            # Without TMPDIR (outside a sandbox) both stages fall back to /tmp.
-            bare = subprocess.run(
-                _in_new_pid_ns(rootfs, "/.sandman/sandmand", "version"),
-                env={"PATH": SANDBOX_ENV["PATH"]},
-                capture_output=True,
-                text=True,
-                timeout=STARTUP_TIMEOUT_S,
-            )
-            assert (bare.returncode, bare.stdout.strip()) == (0, DAEMON_VERSION), bare.stderr
 
         pid1 = _namespace_init(proc.pid)
         os.kill(pid1, signal.SIGTERM)
@@ -287,9 +288,6 @@ def test_frozen_daemon_serves_as_pid1(
             print(f"[{rootfs.name}] exited {rc} {time.monotonic() - stop:.2f}s after SIGTERM")
         # 0 for a clean shutdown; unshare re-raises a fatal signal as itself.
         assert rc in (0, -signal.SIGTERM, 128 + signal.SIGTERM), log.read_text()
-        # Both bootloaders removed what they unpacked (an emptyDir outlives
-        # container restarts, so leftovers would pile up).
-        assert _extraction_dirs(daemon_dir) == []
     finally:
         if proc.poll() is None:
             # SIGKILL to a namespace's PID 1 kills everything in it.
