@@ -178,8 +178,12 @@ CHECKS: tuple[tuple[tuple[str, ...], Check], ...] = (
 
 
 def check(
-    pod: dict[str, Any], rule: RuleSet, *, trusted_images: frozenset[str] = frozenset()
+    pod: dict[str, Any],
+    rule: RuleSet,
+    *,
+    trusted_images: frozenset[str] = frozenset(),
+    trusted_host_paths: frozenset[str] = frozenset(),
 ) -> list[Violation]:
     """Every way ``pod`` breaks ``rule`` (empty: compliant), in table order."""
-    subject = Subject(pod, rule, trusted_images)
+    subject = Subject(pod, rule, trusted_images, trusted_host_paths)
     return [v for _ids, f in CHECKS for v in f(subject)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from sandman.contract import DAEMON_SHARED_VOLUME
 from sandman.webhook.policy import Violation
 from sandman.webhook.subject import Subject
 from sandman.webhook.subject import security_context as _sc
@@ -213,7 +214,9 @@ def host_paths(s: Subject) -> Iterator[Violation]:
     if s.rule.allow_host_paths:
         return
     for vol in s.spec.get("volumes") or []:
-        if "hostPath" in vol:
+        path = (vol.get("hostPath") or {}).get("path")
+        ours = vol.get("name") == DAEMON_SHARED_VOLUME and path in s.trusted_host_paths
+        if "hostPath" in vol and not ours:
             yield Violation(
                 "host-paths",
                 f"volume {vol.get('name')} is a hostPath",

@@ -43,7 +43,9 @@ from sandman.contract import (
 )
 from sandman.kube_async import escape_pointer
 from sandman.quantity import parse_quantity
+from sandman.webhook.hardening import capability_ops
 from sandman.webhook.policy import RuleSet, profile_of
+from sandman.webhook.reinject import strip_injection
 from sandman.webhook.rewrite import (
     ImageFacts,
     RewriteError,
@@ -237,17 +239,24 @@ def mutate(
     new_id: Callable[[], str],
     token_hash_for: Callable[[str], str],
     images: Mapping[str, ImageFacts] | None = None,
+    marks: Callable[[str], dict[str, str]] | None = None,
 ) -> Mutation:
-    """The patch that turns a labeled pod into a sandbox (empty if already one).
+    """The patch that turns a labeled pod into a sandbox.
 
     ``images`` holds what the webhook read from registries for images whose
     ENTRYPOINT/CMD it needs (``rewrite.image_to_resolve``); an image missing
     from it was not looked up (lookups off), which the warnings say.
+    ``marks(sandbox id)`` gives the annotations only the webhook can compute
+    (the admission marker and the key generation; ``sandman.tokens``).
     """
     m = Mutation()
+    # Client-set markers are never trusted: a pod that arrives injected (copied
+    # from a sandbox, or forged) loses that injection and is injected anew
+    # (webhook/reinject.py); then every container loses the capabilities the
+    # policy does not grant (webhook/hardening.py), before ops shift indices.
+    pod = strip_injection(pod, m.patch)
+    m.patch += capability_ops(pod, rule)
     ann = annotations(pod)
-    if ANN_INJECTED in ann:
-        return m  # reinvocation or re-admission: never inject twice
     spec = pod.get("spec") or {}
     try:
         idx, choice_warnings = _target(pod)
@@ -273,7 +282,12 @@ def mutate(
         m,
         "/metadata/annotations",
         meta.get("annotations"),
-        {ANN_INJECTED: settings.version, ANN_EXPIRES_AT: format_time(now + ttl), **lease_ann},
+        {
+            ANN_INJECTED: settings.version,
+            ANN_EXPIRES_AT: format_time(now + ttl),
+            **lease_ann,
+            **(marks(sid) if marks is not None else {}),
+        },
     )
 
     # -- pod-level fields ---------------------------------------------------

@@ -39,6 +39,21 @@ SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
 TOLERATION_OPERATORS = ("Exists", "Equal")
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 CAPABILITY_RE = re.compile(r"[A-Z][A-Z0-9_]*", re.ASCII)
+DEFAULT_CAPABILITIES = (
+    "AUDIT_WRITE",
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "MKNOD",
+    "NET_BIND_SERVICE",
+    "SETFCAP",
+    "SETGID",
+    "SETPCAP",
+    "SETUID",
+    "SYS_CHROOT",
+)
 SYSCTL_RE = re.compile(r"[a-z0-9_]+(\.[a-z0-9_-]+)*(\.\*)?", re.ASCII)
 __all__ = ["PolicyError"]  # re-exported: callers catch it from here
 
@@ -75,6 +90,10 @@ class RuleSet:
     allow_host_ports: bool = False
     allow_host_paths: bool = False
     allowed_capabilities: tuple[str, ...] = ()
+    # What every container keeps without asking: containerd's default set
+    # (pkg/oci/spec.go defaultUnixCaps) minus NET_RAW, with which a root agent
+    # could forge ARP on the node's bridge and read its neighbours' traffic.
+    default_capabilities: tuple[str, ...] = DEFAULT_CAPABILITIES
     allow_service_account_token: bool = False
     allow_service_links: bool = False
     # seccomp / AppArmor Unconfined, SELinux types outside the container ones.
@@ -220,6 +239,7 @@ def _rule(raw: Any, index: int) -> RuleSet:
         for i, v in enumerate(patterns or ("*",))
     )
     caps = f.str_list("allowedCapabilities", pattern=CAPABILITY_RE, what="capability (NET_ADMIN)")
+    keep = f.str_list("defaultCapabilities", pattern=CAPABILITY_RE, what="capability (CHOWN)")
     rule = RuleSet(
         name=name,
         mode=f.text("mode", "enforce", choices=MODES) or "enforce",
@@ -234,6 +254,7 @@ def _rule(raw: Any, index: int) -> RuleSet:
         allow_host_ports=f.flag("allowHostPorts", False),
         allow_host_paths=f.flag("allowHostPaths", False),
         allowed_capabilities=caps or (),
+        default_capabilities=DEFAULT_CAPABILITIES if keep is None else keep,
         allow_service_account_token=f.flag("allowServiceAccountToken", False),
         allow_service_links=f.flag("allowServiceLinks", False),
         allow_unconfined=f.flag("allowUnconfined", False),

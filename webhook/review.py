@@ -161,7 +161,7 @@ def decide_mutation(ctx: Context, r: Review) -> Outcome:
             images=ctx.images,
         )
     except MutationError as e:
-        message = f"sandman: {e}" if e.rule == "contract" else str(e)
+        message = f"sandman: [contract] {e}" if e.rule == "contract" else str(e)
         return Outcome(False, message=message, result="denied", rule_ids=[e.rule], mode=rule.mode)
     return Outcome(
         True,
@@ -187,8 +187,17 @@ def decide_validation(ctx: Context, r: Review) -> Outcome:
         return _validate_update(ctx, r, rule)
     if r.operation != "CREATE" or not is_sandbox(r.obj):
         return Outcome(True, result="skipped")
-    violations = check(r.obj, rule, trusted_images=frozenset({ctx.settings.daemon_image}))
+    violations = check(r.obj, rule, **_trusted(ctx))
     return _apply_mode(violations, rule)
+
+
+def _trusted(ctx: Context) -> dict[str, frozenset[str]]:
+    """What the webhook injects itself: exempt from the checks that would refuse it."""
+    shared = ctx.settings.daemon_shared_dir
+    return {
+        "trusted_images": frozenset({ctx.settings.daemon_image}),
+        "trusted_host_paths": frozenset({shared} if shared else ()),
+    }
 
 
 def _apply_mode(violations: list[Violation], rule: RuleSet) -> Outcome:
@@ -219,7 +228,7 @@ def _validate_update(ctx: Context, r: Review, rule: RuleSet) -> Outcome:
         old,
         new,
         rule,
-        trusted_images=frozenset({ctx.settings.daemon_image}),
+        **_trusted(ctx),
         now=ctx.now(),
     )
     if not violations:

@@ -22,6 +22,9 @@ class Subject:
     pod: dict[str, Any]
     rule: RuleSet
     trusted_images: frozenset[str] = frozenset()
+    # The daemon's shared node directory when that mode is on (the webhook
+    # mounts it read-only into the sandbox); nothing else on the host.
+    trusted_host_paths: frozenset[str] = frozenset()
 
     @property
     def spec(self) -> dict[str, Any]:

@@ -122,10 +122,10 @@ def _idle_removed(old: dict[str, Any], new: dict[str, Any], rule: RuleSet) -> It
 
 
 def _new_breaches(
-    old: dict[str, Any], new: dict[str, Any], rule: RuleSet, trusted: frozenset[str]
+    old: dict[str, Any], new: dict[str, Any], rule: RuleSet, trusted: dict[str, frozenset[str]]
 ) -> Iterator[Violation]:
-    before = {v.text() for v in check(old, rule, trusted_images=trusted)}
-    for v in check(new, rule, trusted_images=trusted):
+    before = {v.text() for v in check(old, rule, **trusted)}
+    for v in check(new, rule, **trusted):
         if v.text() not in before:
             yield v
 
@@ -136,6 +136,7 @@ def update_violations(
     rule: RuleSet,
     *,
     trusted_images: frozenset[str],
+    trusted_host_paths: frozenset[str] = frozenset(),
     now: dt.datetime,
 ) -> list[Violation]:
     """Every way this update breaks the contract or adds a policy breach."""
@@ -146,5 +147,10 @@ def update_violations(
         *_identity(old, new),
         *_lease(old, new, rule, now),
         *_idle_removed(old, new, rule),
-        *_new_breaches(old, new, rule, trusted_images),
+        *_new_breaches(
+            old,
+            new,
+            rule,
+            {"trusted_images": trusted_images, "trusted_host_paths": trusted_host_paths},
+        ),
     ]

@@ -166,7 +166,8 @@ def test_existing_probes_env_mounts_and_security_context_survive() -> None:
     assert env == {"A": "1", "TMPDIR": "/scratch", "SANDMAN_TOKEN_SHA256": "h" * 64}
     assert got["volumeMounts"][0] == {"name": "data", "mountPath": "/data"}
     assert got["livenessProbe"] == c["livenessProbe"]
-    assert got["securityContext"] == {"runAsUser": 1000}
+    assert got["securityContext"]["runAsUser"] == 1000
+    assert "NET_RAW" in got["securityContext"]["capabilities"]["drop"]
     assert [p["containerPort"] for p in got["ports"]] == [80, 7878]
     # The original readiness probe is kept: the daemon runs it behind /readyz.
     assert got["readinessProbe"]["httpGet"]["path"] == "/readyz"
@@ -175,17 +176,95 @@ def test_existing_probes_env_mounts_and_security_context_survive() -> None:
     assert [v["name"] for v in out["spec"]["volumes"]] == ["data", VOLUME]
 
 
-def test_idempotent_when_already_injected() -> None:
-    out, _ = injected(pod())
+def test_an_injected_pod_is_stripped_and_injected_anew() -> None:
+    # Issue 15 item 7: a pod copied from a sandbox (or forged with the marker)
+    # used to skip injection and keep its id, lease and token hash.
+    c = {
+        "name": "main",
+        "image": "i",
+        "command": ["python3", "-m", "agent"],
+        "env": [{"name": "TMPDIR", "value": "/scratch"}],
+        "readinessProbe": {"exec": {"command": ["true"]}, "periodSeconds": 7},
+    }
+    original = pod(containers=[c])
+    first, _ = injected(original)
     m = mutate(
-        out,
+        first,
         rule=RULE,
         settings=SETTINGS,
         now=NOW,
         new_id=lambda: "other",
         token_hash_for=lambda s: "x" * 64,
     )
-    assert m.patch == []
+    again = apply(first, m.patch)
+    fresh = apply(
+        original,
+        mutate(
+            original,
+            rule=RULE,
+            settings=SETTINGS,
+            now=NOW,
+            new_id=lambda: "other",
+            token_hash_for=lambda s: "x" * 64,
+        ).patch,
+    )
+    assert again == fresh  # the same as injecting the original: nothing doubled or kept
+    assert again["metadata"]["labels"][LABEL_ID] == "other"
+
+
+def test_a_forged_marker_with_a_chosen_id_gets_a_full_injection() -> None:
+    p = pod()
+    p["metadata"]["labels"][LABEL_ID] = "victim"
+    p["metadata"]["annotations"] = {
+        ANN_INJECTED: "0.1.0",
+        ANN_EXPIRES_AT: "9999-12-31T00:00:00Z",
+        "sandman.dev/idle-timeout": "1s",
+    }
+    out, m = injected(p)
+    assert out["metadata"]["labels"][LABEL_ID] == "abc123" == m.sandbox_id
+    assert out["metadata"]["annotations"][ANN_EXPIRES_AT] == "2026-11-30T14:00:00Z"
+    assert out["metadata"]["annotations"][ANN_INJECTED] == "9.9"
+    assert [i["name"] for i in out["spec"]["initContainers"]] == [INIT_CONTAINER]
+
+
+def test_a_reserved_name_without_an_injection_is_still_refused() -> None:
+    # Only what is recognisably a previous injection is removed, never a
+    # container of the user's that happens to use a reserved name.
+    p = pod(initContainers=[{"name": INIT_CONTAINER, "image": "127.0.0.1:5000/mine:1"}])
+    with pytest.raises(MutationError, match="reserved"):
+        injected(p)
+
+
+def test_every_container_loses_net_raw_and_what_the_policy_does_not_grant() -> None:
+    p = pod(
+        initContainers=[{"name": "setup", "image": "i"}],
+        containers=[
+            {"name": "main", "image": "i"},
+            {
+                "name": "web",
+                "image": "i",
+                "securityContext": {"capabilities": {"add": ["NET_BIND_SERVICE"]}},
+            },
+            {
+                "name": "strict",
+                "image": "i",
+                "securityContext": {"capabilities": {"drop": ["ALL"]}},
+            },
+        ],
+    )
+    out, _ = injected(p)
+    by_name = {c["name"]: c for c in out["spec"]["initContainers"] + out["spec"]["containers"]}
+    for name in ("setup", "main", "web"):
+        drop = by_name[name]["securityContext"]["capabilities"]["drop"]
+        assert {"NET_RAW", "SYS_ADMIN", "NET_ADMIN", "SYS_PTRACE"} <= set(drop), name
+        assert not {"CHOWN", "SETUID", "KILL"} & set(drop), name
+    assert "NET_BIND_SERVICE" not in by_name["web"]["securityContext"]["capabilities"]["drop"]
+    assert by_name["strict"]["securityContext"] == {"capabilities": {"drop": ["ALL"]}}
+    # A policy may keep NET_RAW (ping) or keep nothing.
+    ping = RuleSet(name="ping", default_capabilities=("NET_RAW", "CHOWN"))
+    out, _ = injected(pod(), ping)
+    drop = out["spec"]["containers"][0]["securityContext"]["capabilities"]["drop"]
+    assert "NET_RAW" not in drop and "CHOWN" not in drop and "SETUID" in drop
 
 
 def test_template_id_is_replaced_and_client_token_hash_kept() -> None:

@@ -316,3 +316,17 @@ def test_an_idle_maximum_without_a_default_is_the_default() -> None:
     # Else a pod that names no idle timeout would have none, past the maximum.
     rule = parse_policy({"rules": [{"name": "r", "idleTimeout": {"max": "1h"}}]}).rules[0]
     assert rule.default_idle_timeout == rule.max_idle_timeout == dt.timedelta(hours=1)
+
+
+def test_the_daemons_shared_node_directory_is_the_only_trusted_host_path() -> None:
+    shared = "/var/lib/sandman/daemon"
+    c = ctx(Policy(()), {})
+    c = Context(
+        **{**c.__dict__, "settings": InjectionSettings("d:1", "1", daemon_shared_dir=shared)}
+    )
+    ours = sandbox(volumes=[{"name": "sandman-daemon-shared", "hostPath": {"path": shared}}])
+    assert decide_validation(c, parse_review(review(ours))).allowed
+    for name, path in (("sandman-daemon-shared", "/"), ("mine", shared)):
+        other = sandbox(volumes=[{"name": name, "hostPath": {"path": path}}])
+        out = decide_validation(c, parse_review(review(other)))
+        assert not out.allowed and out.rule_ids == ["host-paths"]
