@@ -11,11 +11,18 @@ from __future__ import annotations
 import sys
 
 from sandman.harness.cluster.hostsetup import (
+    REQUIREMENTS,
     HostSetupError,
+    Requirement,
     ensure_packages,
     missing_packages,
     real_node_unsupported_reason,
 )
+
+# Tools only the tests use (not the real node): Prometheus's promtool checks
+# the alert rules and the components' metrics (tests/integration/test_monitoring.py).
+TEST_TOOLS = (Requirement("promtool", "prometheus"),)
+ALL = (*REQUIREMENTS, *TEST_TOOLS)
 
 
 def main() -> int:
@@ -24,11 +31,11 @@ def main() -> int:
         print(f"prereqs: {why}", file=sys.stderr)
         return 1
     try:
-        ensure_packages(lambda m: print(f"prereqs: {m}", flush=True))
+        ensure_packages(lambda m: print(f"prereqs: {m}", flush=True), ALL)
     except HostSetupError as e:
         print(f"prereqs: {e}", file=sys.stderr)
         return 1
-    left = missing_packages()
+    left = missing_packages(ALL)
     print("prereqs: all installed" if not left else f"prereqs: missing {left}")
     return 0 if not left else 1
 

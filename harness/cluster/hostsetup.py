@@ -16,7 +16,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,17 +67,17 @@ def real_node_unsupported_reason() -> str | None:
     return None
 
 
-def missing_packages() -> list[str]:
+def missing_packages(requirements: Sequence[Requirement] = REQUIREMENTS) -> list[str]:
     out = []
-    for req in REQUIREMENTS:
+    for req in requirements:
         found = Path(req.what).exists() if req.what.startswith("/") else shutil.which(req.what)
         if not found:
             out.append(req.package)
     return sorted(set(out))
 
 
-def ensure_packages(progress: Progress) -> None:
-    missing = missing_packages()
+def ensure_packages(progress: Progress, requirements: Sequence[Requirement] = REQUIREMENTS) -> None:
+    missing = missing_packages(requirements)
     if not missing:
         return
     progress(f"installing {' '.join(missing)} (apt-get)")
@@ -109,7 +109,7 @@ def ensure_packages(progress: Progress) -> None:
     finally:
         if created:
             policy.unlink(missing_ok=True)
-    still = missing_packages()
+    still = missing_packages(requirements)
     if still:
         raise HostSetupError(f"still missing after apt-get: {', '.join(still)}")
 
