@@ -45,12 +45,10 @@ from sandman.adapters.shell import merged
 from sandman.client import (
     DaemonError,
     Sandbox,
-    SandboxGone,
-    SandboxStartError,
     SandmanError,
     Session,
-    TransportError,
 )
+from sandman.fleet.retry import infra_failure
 from sandman.kube_async import ApiError
 
 log = logging.getLogger(__name__)
@@ -61,23 +59,6 @@ MAX_OBS_CHARS = 16_384
 # A shell command longer than this is almost certainly a model's runaway
 # generation; a file's content travels as a FileEdit, which has no limit.
 MAX_ACTION_CHARS = 4_096
-
-
-def infra_failure(e: BaseException) -> tuple[str, bool] | None:
-    """(reason, retryable) if ``e`` is the infrastructure's fault, else None."""
-    if isinstance(e, SandboxStartError):
-        return e.reason, e.retryable
-    if isinstance(e, TransportError):
-        return "Unreachable", True
-    if isinstance(e, SandboxGone):
-        return "SandboxGone", True
-    if isinstance(e, DaemonError) and (e.status >= 500 or e.status == 401):
-        return f"Daemon{e.status}", True
-    if isinstance(e, ApiError):
-        return f"Api{e.status}", e.status >= 500 or e.status == 429
-    if isinstance(e, (OSError, TimeoutError)):
-        return type(e).__name__, True
-    return None
 
 
 class SandmanEnv(gym.Env[str, Action]):

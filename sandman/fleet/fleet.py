@@ -10,10 +10,12 @@ infrastructure error ever turns into a zero reward.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import inspect
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +23,7 @@ from sandman.client import Sandbox, SandmanClient, Timings
 from sandman.client.errors import SandmanError
 from sandman.contract import LABEL_RUN, LABEL_STATE, STATE_QUARANTINED, parse_duration
 from sandman.fleet import strategies
+from sandman.fleet.progress import Progress, snapshot
 from sandman.fleet.records import Attempt, Outcome, RolloutRecord, RunData, Source
 from sandman.fleet.retry import after_failure, infra_failure
 from sandman.fleet.reuse import ProblemState
@@ -32,6 +35,8 @@ from sandman.pools.manager import ManagerConfig, PoolManager
 log = logging.getLogger(__name__)
 Task = Callable[[Sandbox, "Problem", int], Awaitable[float]]
 ResetFn = Callable[[Sandbox], Awaitable[Mapping[str, Any]]]
+# Called with each rollout's record as soon as it has its final outcome.
+OnResult = Callable[[RolloutRecord], Awaitable[None] | None]
 
 
 @dataclass(frozen=True)
@@ -77,10 +82,20 @@ class Fleet:
         self.run_id = secrets.token_hex(3)
         self.ttl = parse_duration(config.ttl, field="ttl")
 
-    async def run(self, problems: Sequence[Problem], rollouts: int, task: Task) -> RunData:
+    async def run(
+        self,
+        problems: Sequence[Problem],
+        rollouts: int,
+        task: Task,
+        *,
+        on_result: OnResult | None = None,
+    ) -> RunData:
+        """Run the batch; ``on_result(record)`` hears of each result as it completes
+        (an error it raises is logged, and re-raised once the run has cleaned up)."""
         cfg = self.config
         t0 = time.monotonic()  # before any warming, for every strategy
         self.t0, self.task, self.problems = t0, task, list(problems)
+        self._on_result, self._result_error = on_result, None
         self.data = RunData(
             cfg.strategy,
             cfg.reuse,
@@ -117,7 +132,54 @@ class Fleet:
         self.data.spans = list(self.spans.spans.values())
         self.data.t_end = time.monotonic() - t0
         self.client.telemetry.tracing.fleet_run(self.run_id, self.data, t0)
+        if self._result_error is not None:
+            raise self._result_error
         return self.data
+
+    async def stream(
+        self, problems: Sequence[Problem], rollouts: int, task: Task
+    ) -> AsyncIterator[RolloutRecord]:
+        """The batch's records as they complete (``self.data`` has the run once it ends).
+
+        Leaving the loop early cancels the run; its pools are still cleaned up.
+        """
+        queue: asyncio.Queue[RolloutRecord | None] = asyncio.Queue()
+        runner = asyncio.create_task(self.run(problems, rollouts, task, on_result=queue.put_nowait))
+        runner.add_done_callback(lambda _: queue.put_nowait(None))
+        try:
+            while (rec := await queue.get()) is not None:
+                yield rec
+            await runner  # its error, if it failed
+        finally:
+            if not runner.done():
+                runner.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await runner
+
+    def progress(self) -> Progress:
+        """Counts by state and TTFC so far (safe to call while ``run`` is running)."""
+        data = getattr(self, "data", None)
+        if data is None:
+            return snapshot([], 0, 0.0)
+        total = data.problems * data.rollouts_per_problem
+        return snapshot(data.records, total, time.monotonic() - self.t0)
+
+    async def _finished(self, rec: RolloutRecord) -> None:
+        """A rollout has its final outcome: tell the caller now, before any reset.
+
+        MUST NOT raise into the rollout: its sandbox still has to be reset or
+        released, and its problem's bookkeeping settled, whatever the callback does.
+        """
+        if self._on_result is None:
+            return
+        try:
+            out = self._on_result(rec)
+            if inspect.isawaitable(out):
+                await out
+        except Exception as e:
+            log.exception("on_result failed for %s#%d", rec.problem, rec.rollout)
+            if self._result_error is None:
+                self._result_error = e
 
     def _now(self) -> float:
         return time.monotonic() - self.t0
@@ -244,6 +306,7 @@ class Fleet:
                 a.error_reason, a.retryable = s.broken[0], False
                 rec.outcome, rec.detail = Outcome.INFRA_FAILED, f"not started: {s.broken[1]}"
                 s.gave_up()
+                await self._finished(rec)
                 return
             sb: Sandbox | None = None
             try:
@@ -273,6 +336,7 @@ class Fleet:
                 a.t_done = self._now()
                 if sb.timings.first_result is not None:
                     a.t_first_result = sb.timings.first_result - self.t0
+                await self._finished(rec)
                 await self._after(s, sb)
                 return
             except asyncio.CancelledError:
@@ -299,6 +363,7 @@ class Fleet:
         rec.outcome = Outcome.INFRA_FAILED
         s.gave_up()
         self._changed()
+        await self._finished(rec)
 
     async def _give_back(self, s: ProblemState, sb: Sandbox | None, holds: bool) -> None:
         """A failed or refused rollout lets go of what it had: its sandbox, or

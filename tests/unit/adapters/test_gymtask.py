@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from gymnasium import spaces
 
-from sandman.adapters.gym import infra_failure
 from sandman.adapters.gymtask import CHARSET, FileEdit, Task, is_submit, observation, step_text
 from sandman.client import DaemonError, SandboxGone, SandboxStartError, TransportError
+from sandman.fleet.retry import infra_failure
 from sandman.kube_async import ApiError
 
 SPACE = spaces.Text(64, min_length=0, charset=CHARSET)
