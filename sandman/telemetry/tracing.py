@@ -118,7 +118,8 @@ class OtlpTracing:
     Owns its TracerProvider (the process-global one is left alone, so an
     application's own tracing setup is not overridden). Event-loop only for
     ``sandbox`` (it starts a task); ``aclose`` flushes and shuts down.
-    ``wall_ns`` maps the SDK's monotonic instants onto epoch nanoseconds
+    ``wall_offset_ns`` is the epoch minus the monotonic clock, in ns, read
+    once per trace so that consecutive phases share their boundaries exactly
     (injected in tests).
     """
 
@@ -129,7 +130,7 @@ class OtlpTracing:
         exporter: Any,
         *,
         batch: bool = True,
-        wall_ns: Callable[[float], int] | None = None,
+        wall_offset_ns: Callable[[], int] | None = None,
     ) -> None:
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
@@ -144,7 +145,7 @@ class OtlpTracing:
         proc = BatchSpanProcessor(exporter) if batch else SimpleSpanProcessor(exporter)
         self.provider.add_span_processor(proc)
         self.tracer = self.provider.get_tracer("sandman", __version__)
-        self._wall_ns = wall_ns or _wall_ns
+        self._offset_ns = wall_offset_ns or _wall_offset_ns
         self._pending: set[asyncio.Task[None]] = set()
 
     # -- sandbox starts ------------------------------------------------------------
@@ -194,7 +195,7 @@ class OtlpTracing:
         from opentelemetry.trace import Status, StatusCode
 
         st = start_trace(timings, pod, events)
-        ns = self._wall_ns
+        ns = self._wall()
         root = self.tracer.start_span(
             "sandman.sandbox", start_time=ns(st.start), attributes=st.attributes
         )
@@ -223,7 +224,7 @@ class OtlpTracing:
         from opentelemetry import trace
         from opentelemetry.trace import Status, StatusCode
 
-        ns = self._wall_ns
+        ns = self._wall()
         span = self.tracer.start_span(
             "sandman.rollout",
             context=trace.set_span_in_context(trace.INVALID_SPAN),  # a trace of its own
@@ -286,12 +287,18 @@ class OtlpTracing:
         end = t0 + (data.t_end if data.t_end is not None else time.monotonic() - t0)
         from opentelemetry import trace
 
+        ns = self._wall()
         self.tracer.start_span(
             "sandman.fleet.run",
             context=trace.set_span_in_context(trace.INVALID_SPAN),
-            start_time=self._wall_ns(t0),
+            start_time=ns(t0),
             attributes=attrs,
-        ).end(end_time=self._wall_ns(end))
+        ).end(end_time=ns(end))
+
+    def _wall(self) -> Callable[[float], int]:
+        """monotonic seconds -> epoch ns, with one offset for a whole trace."""
+        off = self._offset_ns()
+        return lambda s: off + round(s * 1e9)
 
     async def aclose(self) -> None:
         """Finish pending sandbox traces (bounded), then flush and shut down."""
@@ -318,6 +325,6 @@ class _Instants:
         return cls(t)
 
 
-def _wall_ns(monotonic_s: float) -> int:
-    """A time.monotonic() instant as epoch nanoseconds (one offset per call)."""
-    return time.time_ns() - time.monotonic_ns() + int(monotonic_s * 1e9)
+def _wall_offset_ns() -> int:
+    """The clock adapter: epoch ns minus time.monotonic() ns, now."""
+    return time.time_ns() - time.monotonic_ns()

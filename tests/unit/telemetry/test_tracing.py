@@ -103,7 +103,7 @@ def test_pull_is_capped_at_the_start_and_missing_phases_are_skipped() -> None:
 
 def tracing() -> tuple[OtlpTracing, InMemorySpanExporter]:
     exp = InMemorySpanExporter()
-    return OtlpTracing(exp, batch=False, wall_ns=lambda s: int(s * 1e9)), exp
+    return OtlpTracing(exp, batch=False, wall_offset_ns=lambda: 0), exp
 
 
 def test_spans_of_a_start_nest_under_one_root_with_wall_times() -> None:
