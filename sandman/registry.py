@@ -195,7 +195,9 @@ class RegistryClient:
             digest, media_type, doc = await self._manifest(r, digest, keychain)
         if media_type not in MANIFEST_TYPES:
             raise BadManifest(f"{r}: unsupported manifest type {media_type or '(none)'}")
-        cfg_desc = doc.get("config") or {}
+        cfg_desc = doc.get("config")
+        if not isinstance(cfg_desc, dict):
+            raise BadManifest(f"{r}: the manifest has no config descriptor")
         cfg_digest = str(cfg_desc.get("digest") or "")
         if not DIGEST_RE.match(cfg_digest):
             raise BadManifest(f"{r}: the manifest has no config digest")

@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import aiohttp
+
 from sandman.kube_async import SECRETS, ApiError, KubeClient
 from sandman.oci import Reference, RegistryError
 from sandman.registry import RegistryClient
@@ -79,6 +81,10 @@ class PullSecrets:
                 log.warning("pull secret %s/%s: HTTP %s", namespace, name, e.status)
         except AuthConfigError as e:
             log.info("pull secret skipped: %s", e)
+        except (aiohttp.ClientError, TimeoutError) as e:
+            # The apiserver did not answer: lookup without it, and ask again next time.
+            log.warning("pull secret %s/%s unread: %s", namespace, name, e)
+            return chain
         if len(self._cache) > 4096:  # a namespace per test run: keep it bounded
             self._cache.clear()
         self._cache[(namespace, name)] = (chain, self.clock() + self.ttl_s)

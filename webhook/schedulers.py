@@ -32,6 +32,9 @@ CLOCK_SKEW_S = 10.0
 # How long a Lease read answers for: a burst of a thousand sandboxes costs
 # one GET per scheduler per 5 s, and a stopped scheduler is noticed 5 s late.
 LEASE_CACHE_S = 5.0
+# The read happens inside a validating admission (5 s timeoutSeconds, and
+# failurePolicy Fail): a slow apiserver costs the warning, never the pod.
+LEASE_READ_TIMEOUT_S = 1.0
 
 
 def lease_problem(lease: dict[str, Any] | None, where: str, now: dt.datetime) -> str | None:
@@ -85,7 +88,9 @@ class SchedulerLeases:
         hit = self._cache.get(scheduler)
         if hit is None or self.monotonic() >= hit[1]:
             try:
-                lease: dict[str, Any] | None = await self.client.get(LEASES, name, ns)
+                lease: dict[str, Any] | None = await self.client.request(
+                    "GET", LEASES.path(ns, name), timeout=LEASE_READ_TIMEOUT_S
+                )
             except ApiError as e:
                 if e.status != 404:
                     return None  # forbidden or failing: no basis for a warning
