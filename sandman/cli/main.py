@@ -27,10 +27,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "token": ("sandman.cli.sandboxes", "print a sandbox's access token"),
     "pool": ("sandman.cli.pools", "warm pools: create, ls, scale, delete"),
     "claim": ("sandman.cli.pools", "claim a sandbox from a warm pool"),
+    "fleet": ("sandman.cli.fleet", "run a batch of rollouts (results stream as JSON lines)"),
     "e2b-gateway": (
         "sandman.adapters.e2b.cli",
         "serve E2B's API over Sandman sandboxes (point E2B's SDK at it)",
     ),
+    "install": ("sandman.install.cli", "install Sandman on a cluster (kustomize overlay, applied)"),
+    "uninstall": ("sandman.install.cli", "remove Sandman (webhook configurations first)"),
     "cluster": ("sandman.harness.cli.cluster", "the local cluster (dev harness)"),
     "image": ("sandman.harness.cli.image", "build and push Sandman's images (no Docker needed)"),
     "demo": ("sandman.harness.cli.demo", "run a demo batch of sandboxes on the local cluster"),
