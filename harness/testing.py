@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from kubernetes.client import CoreV1Api
 
+from sandman.harness.cluster import claim
 from sandman.harness.cluster.config import ClusterConfig, Ports, RealNodeConfig, default_state_dir
 from sandman.harness.cluster.hostsetup import bridge_exists, real_node_unsupported_reason
 from sandman.harness.cluster.kwok_nodes import NODE_KIND_LABEL
@@ -61,8 +62,13 @@ def cluster_unavailable_reason() -> str | None:
 WAIT_ENV = "SANDMAN_TEST_REAL_NODE_WAIT"
 
 
-def real_node_reason_for_new_cluster() -> str | None:
-    """Why a new test cluster should not get the real node, or None."""
+def real_node_reason_for_new_cluster(state_dir: Path | None = None) -> str | None:
+    """Why a new test cluster should not get the real node, or None.
+
+    With ``state_dir``, None also means the real node is claimed for that
+    cluster (``claim.take``, atomic): two sessions that wait at once cannot
+    both get it.
+    """
     if os.environ.get("SANDMAN_TEST_REAL_NODE") == "0":
         return "SANDMAN_TEST_REAL_NODE=0"
     why = real_node_unsupported_reason()
@@ -71,14 +77,21 @@ def real_node_reason_for_new_cluster() -> str | None:
     node = RealNodeConfig()
     deadline = time.monotonic() + float(os.environ.get(WAIT_ENV) or 0)
     announced = False
-    while bridge_exists(node.bridge) and time.monotonic() < deadline:
+
+    def busy() -> bool:
+        if state_dir is not None:
+            return claim.take(state_dir) is not None
+        return claim.holder_if_live() is not None or bridge_exists(node.bridge)
+
+    while busy() and time.monotonic() < deadline:
         if not announced:
             print(f"waiting for another cluster's real node to stop ({WAIT_ENV})", flush=True)
             announced = True
         time.sleep(2)
-    if bridge_exists(node.bridge):
+    if busy():
+        holder = claim.holder_if_live() or f"bridge {node.bridge}"
         return (
-            f"another cluster's real node runs on this machine (bridge {node.bridge}); "
+            f"another cluster's real node runs on this machine ({holder}); "
             f"point {REUSE_ENV} at that cluster's state dir to use it"
         )
     return None
@@ -93,8 +106,8 @@ def start_test_cluster(kwok_nodes: int = 3) -> ClusterBed:
             raise RuntimeError(f"{REUSE_ENV}={reuse}: that cluster is not running")
         no_real = None if cluster.real_node else f"the cluster at {reuse} has no real node"
         return ClusterBed(cluster, owned=False, no_real_node=no_real)
-    no_real = real_node_reason_for_new_cluster()
     state = Path(tempfile.mkdtemp(prefix="sandman-test-cluster-"))
+    no_real = real_node_reason_for_new_cluster(state)
     cfg = dataclasses.replace(
         ClusterConfig(state_dir=state),
         ports=Ports.free(),
@@ -102,6 +115,8 @@ def start_test_cluster(kwok_nodes: int = 3) -> ClusterBed:
         real_node=RealNodeConfig(enabled=no_real is None),
         deploy_sandman=True,
         deploy_reaper=False,
+        # TEMPORARY (install engineer): in-cluster only when asked, until verified.
+        host_components=os.environ.get("SANDMAN_TEST_IN_CLUSTER") != "1",
     )
     cluster = LocalCluster(cfg)
     try:

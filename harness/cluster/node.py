@@ -23,7 +23,7 @@ from pathlib import Path
 
 from kubernetes.client import CoreV1Api
 
-from sandman.harness.cluster import gvisor, hostsetup
+from sandman.harness.cluster import claim, gvisor, hostsetup
 from sandman.harness.cluster import realnode as rn
 from sandman.harness.cluster.binaries import Binaries
 from sandman.harness.cluster.components import Layout, apiserver_url, write_yaml
@@ -113,6 +113,9 @@ class RealNode:
     # -- up -----------------------------------------------------------------
     def conflict(self) -> str | None:
         """Another cluster's real node on this machine, or None."""
+        holder = claim.holder_if_live()
+        if holder is not None and holder != str(self.layout.state_dir.resolve()):
+            return f"the cluster at {holder} holds it"
         procs = {p.name: p for p in self.processes()}
         if procs["kubelet"].running_pid() is not None:
             return None  # it is ours
@@ -132,13 +135,25 @@ class RealNode:
         why = hostsetup.real_node_unsupported_reason()
         if why:
             raise hostsetup.HostSetupError(f"real node unsupported here: {why}")
-        clash = self.conflict()
+        clash = self.conflict() or claim.take(self.layout.state_dir)
         if clash:
             raise hostsetup.HostSetupError(
                 f"a real node is already running on this machine ({clash}); "
                 "one real node per machine: stop the other cluster first"
             )
         hostsetup.ensure_packages(self.progress)
+
+    def owns_host(self) -> bool:
+        """Whether this cluster may tear down the host-global parts (bridge,
+        iptables, guard, cgroup root): it holds the claim, or nobody does and no
+        other kubelet runs (a cluster started before claims existed)."""
+        if claim.held_by(self.layout.state_dir):
+            return True
+        if claim.holder_if_live() is not None:
+            return False
+        mine = next(p for p in self.processes() if p.name == "kubelet").running_pid()
+        others = hostsetup.pids_with_arg("--hostname-override=" + self.node.name)
+        return not [p for p in others if p != mine]
 
     def up(self, checks_out: dict[str, Callable[[], bool]] | None = None) -> None:
         self.preflight()
@@ -259,17 +274,21 @@ class RealNode:
             self.progress(f"  gvisor: {what}")
         if self.lay.root.exists():
             hostsetup.unmount_under(self.lay.root)
-        left = hostsetup.remove_cgroup_root(self.node.cgroup_root)
-        if left:
-            self.progress(f"warning: cgroups still busy: {', '.join(left[:3])}")
-        for problem in self.net.teardown():
-            self.progress(f"warning: {problem}")
-        if hostsetup.bridge_exists(self.node.bridge):
-            hostsetup.delete_bridge(self.node.bridge)
+        if self.owns_host():
+            left = hostsetup.remove_cgroup_root(self.node.cgroup_root)
+            if left:
+                self.progress(f"warning: cgroups still busy: {', '.join(left[:3])}")
+            for problem in self.net.teardown():
+                self.progress(f"warning: {problem}")
+            if hostsetup.bridge_exists(self.node.bridge):
+                hostsetup.delete_bridge(self.node.bridge)
+        else:
+            self.progress("  the real node's host parts belong to another cluster: left alone")
         for d in (Path("/run/containerd/s"), Path("/run/containerd")):
             with contextlib.suppress(OSError):
                 d.rmdir()  # only if empty: another containerd may use it
         stopped += [n for n in ("registry-pods", "registry") if procs[n].stop()]
+        claim.release(self.layout.state_dir)
         return stopped
 
     def _remove_all_pods(self) -> None:
