@@ -46,7 +46,16 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--deploy",
         action="store_true",
         default=None,
-        help="also run Sandman's components (webhook, ...) on it",
+        help="also run Sandman (webhook, reaper, extender, sandman-scheduler): in-cluster on "
+        "the real node (images built and pushed to its registry, manifests/overlays/local "
+        "applied), else as host processes",
+    )
+    up.add_argument(
+        "--host-components",
+        action="store_true",
+        default=None,
+        help="with --deploy: run Sandman as host processes even with the real node (quick "
+        "iteration: no image builds; the same manifests' webhook configurations and policy)",
     )
     up.add_argument(
         "--free-ports",
@@ -97,6 +106,9 @@ def _config_from_args(args: argparse.Namespace) -> ClusterConfig:
         kwok_node=shape,
         real_node=real,
         deploy_sandman=base.deploy_sandman or bool(args.deploy),
+        host_components=(
+            base.host_components if args.host_components is None else args.host_components
+        ),
     )
 
 

@@ -166,7 +166,7 @@ def cmd_push(args: argparse.Namespace) -> int:
         for name in _names(args):
             t0 = time.monotonic()
             image = builder.build(name, version)
-            ref = push(image, builder.store, name, version, opts, builder.root)
+            ref = push(image, builder.store, opts.registry.ref(name, version), opts, builder.root)
             print(
                 f"{ref}  {image.manifest.digest}  {image.size / 1e6:.1f} MB "
                 f"({time.monotonic() - t0:.1f}s)"

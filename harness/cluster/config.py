@@ -191,13 +191,25 @@ class ClusterConfig:
     sandman_scheduler: bool = False
     extenders: tuple[ExtenderSpec, ...] = ()
     real_node: RealNodeConfig = field(default_factory=RealNodeConfig)
-    # Run Sandman's own components (webhook, ...) as host processes.
+    # Run Sandman's own components (webhook, reaper, extender, sandman-scheduler):
+    # in-cluster on the real node (the default), or as host processes when
+    # `host_components` is set or there is no real node.
     deploy_sandman: bool = False
+    host_components: bool = False
     # ... including the reaper. The test harness leaves it out: tests run their
     # own reapers, scoped to their namespaces, with their own settings.
     deploy_reaper: bool = True
     # Seconds each component gets to become healthy before `up` fails.
     start_timeout_s: float = 60.0
+
+    @property
+    def sandman_mode(self) -> str | None:
+        """How Sandman runs here: "in-cluster", "host" or None (not deployed)."""
+        if not self.deploy_sandman:
+            return None
+        if self.real_node.enabled and not self.host_components:
+            return "in-cluster"
+        return "host"
 
     @property
     def config_file(self) -> Path:
@@ -223,6 +235,7 @@ class ClusterConfig:
             extenders=tuple(ExtenderSpec(**e) for e in d.get("extenders", [])),
             real_node=RealNodeConfig(**d.get("real_node", {})),
             deploy_sandman=bool(d.get("deploy_sandman", False)),
+            host_components=bool(d.get("host_components", False)),
             deploy_reaper=bool(d.get("deploy_reaper", True)),
             start_timeout_s=float(d.get("start_timeout_s", 60.0)),
         )

@@ -9,7 +9,6 @@ swapped, so both modes test the same selectors and failure policies.
 
 from __future__ import annotations
 
-import copy
 import json
 import ssl
 import sys
@@ -23,7 +22,9 @@ import yaml
 from kubernetes.client import AdmissionregistrationV1Api, CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
-from sandman.contract import ANN_INJECTED, LABEL_SANDBOX, NAMESPACE, POLICY_API_VERSION
+from sandman.contract import ANN_INJECTED, LABEL_SANDBOX, NAMESPACE
+from sandman.harness.cluster import overlay
+from sandman.harness.cluster.binaries import Binaries
 from sandman.harness.cluster.components import Layout
 from sandman.harness.cluster.config import ClusterConfig
 from sandman.harness.cluster.extender import ready_url as extender_ready_url
@@ -33,22 +34,11 @@ from sandman.harness.kube import api_client
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO_ROOT / "manifests"
-WEBHOOK_CONFIGS = MANIFESTS / "webhook" / "webhookconfigurations.yaml"
-
-# The local cluster's policy: every test and demo image comes from the local
-# registry, so anything else is refused (the rule an admin would start with).
-LOCAL_POLICY = f"""\
-apiVersion: {POLICY_API_VERSION}
-kind: SandboxPolicy
-rules:
-- name: local-default
-  mode: enforce
-  allowedRegistries: ["127.0.0.1:5000/*"]
-  ttl: {{default: 2h, max: 24h}}
-  profiles:
-    rollout: {{}}
-    eval: {{guaranteedQoS: true, reuse: false}}
-"""
+# The local cluster's policy (the same in both modes): every test and demo
+# image comes from the local registry, so anything else is refused.
+LOCAL_POLICY = yaml.safe_load((MANIFESTS / "overlays/local/policy.yaml").read_text())["data"][
+    "policy.yaml"
+]
 
 Progress = Callable[[str], None]
 
@@ -60,23 +50,16 @@ def _insecure() -> ssl.SSLContext:
     return ctx
 
 
-def webhook_configurations(url: str, ca_bundle: str | None) -> list[dict[str, Any]]:
-    """The manifests' webhook configurations, pointed at a URL instead of a Service."""
-    docs = [d for d in yaml.safe_load_all(WEBHOOK_CONFIGS.read_text()) if d]
-    out = []
-    for doc in docs:
-        doc = copy.deepcopy(doc)
-        for hook in doc["webhooks"]:
-            path = hook["clientConfig"]["service"]["path"]
-            hook["clientConfig"] = {"url": url + path}
-            if ca_bundle:
-                hook["clientConfig"]["caBundle"] = ca_bundle
-        out.append(doc)
-    return out
-
-
 class LocalDeployment:
-    """Sandman's components for one local cluster. Not thread-safe."""
+    """Sandman's components for one local cluster as host processes. Not thread-safe.
+
+    The opt-in mode (``--host-components``, and every cluster without the real
+    node): quick to restart after an edit, no images. Its webhook
+    configurations and policy come from the same rendered manifests as the
+    in-cluster mode (``overlay.py``).
+    """
+
+    mode = "host"
 
     def __init__(
         self, config: ClusterConfig, layout: Layout, daemon_image: str, progress: Progress
@@ -85,14 +68,51 @@ class LocalDeployment:
         self.layout = layout
         self.daemon_image = daemon_image
         self.progress = progress
+        self.docs: list[dict[str, Any]] | None = None  # the rendered manifests, once up
 
     @property
     def webhook_url(self) -> str:
         return f"https://127.0.0.1:{self.config.ports.webhook}"
 
+    def metrics_urls(self, component: str) -> list[str]:
+        """/metrics of the host process of ``component`` (webhook, reaper, extender)."""
+        ports = self.config.ports
+        return {
+            "webhook": [f"{self.webhook_url}/metrics"],
+            "reaper": [f"http://127.0.0.1:{ports.reaper}/metrics"]
+            if self.config.deploy_reaper
+            else [],
+            "extender": [f"http://127.0.0.1:{ports.extender}/metrics"],
+        }[component]
+
     @property
-    def policy_file(self) -> Path:
-        return self.layout.config_dir / "policy.yaml"
+    def policy_file(self) -> overlay.PolicyHandle:
+        """The policy as a file-like handle (``read_text``/``write_text``)."""
+        return self.policy
+
+    @property
+    def policy(self) -> overlay.PolicyHandle:
+        """The policy ConfigMap; ``write`` returns once the webhook enforces it."""
+        core = CoreV1Api(api_client(self.layout.admin_kubeconfig))
+        return overlay.PolicyHandle(core, lambda: [self.webhook_url + "/metrics"])
+
+    def _webhook(self) -> ManagedProcess:
+        return next(p for p in self.processes() if p.name == "sandman-webhook")
+
+    def stop_webhook(self) -> None:
+        """Stop serving admissions (the configurations stay: sandbox creates fail)."""
+        self._webhook().stop()
+
+    def start_webhook(self) -> None:
+        proc = self._webhook()
+        proc.start()
+        wait_healthy(
+            proc,
+            self.health_checks()[proc.name],
+            timeout_s=self.config.start_timeout_s,
+            progress=self.progress,
+        )
+        self._register(proc)
 
     def processes(self) -> list[ManagedProcess]:
         argv = [
@@ -104,7 +124,7 @@ class LocalDeployment:
             f"--kubeconfig={self.layout.admin_kubeconfig}",
             f"--namespace={NAMESPACE}",
             f"--daemon-image={self.daemon_image}",
-            f"--policy-file={self.policy_file}",
+            f"--policy-configmap={NAMESPACE}/{overlay.POLICY_CONFIGMAP}",
             "--extra-ip=127.0.0.1",
             f"--work-dir={self.layout.state_dir / 'webhook'}",
         ]
@@ -163,16 +183,22 @@ class LocalDeployment:
             "sandman-extender": extender_ready,
         }
 
+    def _rendered(self) -> list[dict[str, Any]]:
+        kubectl = Binaries.in_cache(self.config.cache_dir, self.config.versions).kubectl
+        kc = overlay.kubectl(kubectl, self.layout.admin_kubeconfig)
+        # The tag the daemon image has is the one version of every image.
+        version = self.daemon_image.rsplit(":", 1)[1]
+        return overlay.rendered(kc, overlay.write(self.config, version))
+
     def up(self) -> None:
         core = CoreV1Api(api_client(self.layout.admin_kubeconfig))
+        self.docs = self._rendered()
         try:
-            core.create_namespace({"metadata": {"name": NAMESPACE}})
+            core.create_namespace(overlay.pick(self.docs, "Namespace", NAMESPACE))
         except ApiException as e:
             if e.status != 409:
                 raise
-        if not self.policy_file.exists():
-            self.policy_file.parent.mkdir(parents=True, exist_ok=True)
-            self.policy_file.write_text(LOCAL_POLICY)
+        overlay.apply_policy_configmap(core, self.docs)
         webhook, *others = self.processes()
         checks = self.health_checks()
         webhook.start()
@@ -200,7 +226,8 @@ class LocalDeployment:
         adm = AdmissionregistrationV1Api(api_client(self.layout.admin_kubeconfig))
         core = CoreV1Api(api_client(self.layout.admin_kubeconfig))
         ca = self._ca_bundle(core)
-        for doc in webhook_configurations(self.webhook_url, ca):
+        docs = self.docs or self._rendered()
+        for doc in overlay.url_webhook_configurations(docs, self.webhook_url, ca):
             name = doc["metadata"]["name"]
             mutating = doc["kind"] == "MutatingWebhookConfiguration"
             create = (

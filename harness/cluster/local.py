@@ -27,6 +27,7 @@ from sandman.harness.cluster import components as comp
 from sandman.harness.cluster.binaries import Binaries, ensure_binaries
 from sandman.harness.cluster.config import ClusterConfig
 from sandman.harness.cluster.deploy import LocalDeployment
+from sandman.harness.cluster.incluster import InClusterDeployment
 from sandman.harness.cluster.kwok_nodes import (
     KWOK_NODE_SELECTOR,
     is_ready,
@@ -132,7 +133,8 @@ class LocalCluster:
         ]
         # Injected sandboxes ask for sandman-scheduler: it runs whenever Sandman is
         # deployed (with the extender once one is configured).
-        if cfg.sandman_scheduler or cfg.deploy_sandman:
+        # In-cluster, sandman-scheduler is a Deployment (manifests/extender).
+        if cfg.sandman_scheduler or cfg.sandman_mode == "host":
             specs.append(
                 (comp.SANDMAN_SCHEDULER, cfg.ports.sandman_scheduler, self.sandman_extenders())
             )
@@ -159,10 +161,14 @@ class LocalCluster:
         ]
 
     @property
-    def deployment(self) -> LocalDeployment | None:
-        if not self.config.deploy_sandman:
-            return None
-        return LocalDeployment(self.config, self.layout, self.daemon_image(), self._progress)
+    def deployment(self) -> LocalDeployment | InClusterDeployment | None:
+        """Sandman on this cluster: in-cluster (real node), host processes, or None."""
+        mode = self.config.sandman_mode
+        if mode == "in-cluster":
+            return InClusterDeployment(self.config, self.layout, self._progress)
+        if mode == "host":
+            return LocalDeployment(self.config, self.layout, self.daemon_image(), self._progress)
+        return None
 
     def daemon_image(self) -> str:
         """The daemon image reference the webhook injects (content-keyed tag)."""
@@ -184,7 +190,7 @@ class LocalCluster:
 
     def sandman_extenders(self) -> tuple[comp.ExtenderSpec, ...]:
         """sandman-scheduler's extenders: configured ones, else ours when deployed."""
-        if self.config.extenders or not self.config.deploy_sandman:
+        if self.config.extenders or self.config.sandman_mode != "host":
             return self.config.extenders
         from sandman.harness.cluster.extender import extender_spec
 
@@ -216,7 +222,7 @@ class LocalCluster:
             )
         if self.real_node:
             checks.update(self.real_node.health_checks())
-        if self.config.deploy_sandman:
+        if self.config.sandman_mode == "host":
             deployment = LocalDeployment(self.config, self.layout, "", self._progress)
             checks.update(deployment.health_checks())
         return checks
@@ -270,6 +276,9 @@ class LocalCluster:
         )
 
     def _deploy(self) -> None:
+        if self.config.sandman_mode == "in-cluster":
+            InClusterDeployment(self.config, self.layout, self._progress).up()
+            return
         image = self.daemon_image()
         if self.real_node:
             builder = ImageBuilder(self.config.cache_dir, self._progress)
@@ -361,7 +370,7 @@ class LocalCluster:
         """Stop every component (reverse start order); optionally delete state."""
         with self._locked():
             stopped: list[str] = []
-            if self.config.deploy_sandman:
+            if self.config.sandman_mode == "host":
                 stopped += LocalDeployment(self.config, self.layout, "", self._progress).down()
             stopped += self.real_node.down() if self.real_node else []
             stopped += [p.name for p in reversed(self._control_plane()) if p.stop()]

@@ -202,12 +202,10 @@ def copy(src: str, dest: str, opts: PushOptions, extra: list[str] | None = None)
         raise PushError(explain(proc.stderr, opts))
 
 
-def push(
-    image: Image, store: BlobStore, component: str, tag: str, opts: PushOptions, work: Path
-) -> str:
-    """Push one component image; returns the reference it now has."""
-    ref = opts.registry.ref(component, tag)
-    layout = Path(tempfile.mkdtemp(prefix=f"oci-{component}-", dir=work))
+def push(image: Image, store: BlobStore, ref: str, opts: PushOptions, work: Path) -> str:
+    """Push ``image`` as ``ref`` (``HOST/REPO:TAG`` in ``opts.registry``); returns it."""
+    tag = ref.rsplit(":", 1)[1]
+    layout = Path(tempfile.mkdtemp(prefix="oci-push-", dir=work))
     try:
         src = write_oci_layout(image, store, tag, layout)
         copy(src, f"docker://{ref}", opts)

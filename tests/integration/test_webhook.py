@@ -21,7 +21,6 @@ from sandman.contract import (
     LABEL_ID,
     LABEL_SANDBOX,
 )
-from sandman.harness.cluster.deploy import LocalDeployment
 from sandman.harness.cluster.kwok_nodes import KWOK_IMAGE, on_kwok
 from sandman.harness.cluster.local import LocalCluster
 from sandman.harness.kube import api_client, raw
@@ -342,9 +341,8 @@ def test_webhook_down_fails_sandboxes_only(
     cluster: LocalCluster, core: CoreV1Api, namespace: str
 ) -> None:
     deployment = cluster.deployment
-    assert isinstance(deployment, LocalDeployment)
-    proc = next(p for p in deployment.processes() if p.name == "sandman-webhook")
-    assert proc.stop()
+    assert deployment is not None
+    deployment.stop_webhook()  # in-cluster: scaled to 0; host mode: the process stopped
     try:
         with pytest.raises(ApiException) as e:
             create(core, namespace, sandbox_pod())
@@ -357,5 +355,5 @@ def test_webhook_down_fails_sandboxes_only(
         }
         create(core, namespace, plain)  # unaffected
     finally:
-        deployment.up()
+        deployment.start_webhook()
     assert_injected(create(core, namespace, sandbox_pod()))

@@ -1,0 +1,190 @@
+"""Sandman in-cluster on the local cluster: what `sandman install` does, on the real node.
+
+The default whenever the real node runs: the component images are built
+(layers cached) and pushed to the node's registry at the dev version, the
+overlay (``overlay.py``) is applied with the cluster's kubectl, and `up`
+returns once every Deployment rolled out and a dry-run sandbox is injected.
+The webhook, reaper (2 replicas, leader-elected) and sandman-scheduler with
+its extender run as pods on the real node; the apiserver reaches the webhook
+through its Service's ClusterIP (kube-proxy), as on any cluster.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes.client import AppsV1Api, CoreV1Api
+
+from sandman.contract import NAMESPACE
+from sandman.harness.cluster import overlay
+from sandman.harness.cluster.binaries import Binaries
+from sandman.harness.cluster.components import Layout
+from sandman.harness.cluster.config import ClusterConfig
+from sandman.harness.cluster.process import ManagedProcess
+from sandman.harness.images.build import ImageBuilder
+from sandman.harness.images.registry import Registry
+from sandman.harness.kube import api_client, raw
+from sandman.install import apply as ap
+from sandman.install.images import COMPONENTS
+
+WEBHOOK = "sandman-webhook"
+WEBHOOK_PORT = 8443  # the container port (manifests/webhook/deployment.yaml)
+# Seconds for the Deployments to roll out: a cold node pulls ~60 MB of images
+# from the local registry and starts six Python processes on 2 cores.
+ROLLOUT_TIMEOUT_S = 300
+# component -> (pod label app.kubernetes.io/name, metrics port, scheme), as
+# the manifests set them.
+METRICS = {
+    "webhook": (WEBHOOK, WEBHOOK_PORT, "https"),
+    "reaper": ("sandman-reaper", 8080, "http"),
+    "extender": ("sandman-scheduler", 8890, "http"),
+}
+POLL_S = 0.5
+
+Progress = Callable[[str], None]
+
+
+class InClusterDeployment:
+    """Sandman's Deployments on one local cluster's real node. Not thread-safe."""
+
+    mode = "in-cluster"
+
+    def __init__(self, config: ClusterConfig, layout: Layout, progress: Progress) -> None:
+        self.config = config
+        self.layout = layout
+        self.progress = progress
+        bins = Binaries.in_cache(config.cache_dir, config.versions)
+        self.kubectl = overlay.kubectl(bins.kubectl, layout.admin_kubeconfig)
+        self.docs: list[dict[str, Any]] | None = None
+
+    # -- nothing runs on the host ----------------------------------------------------
+    def processes(self) -> list[ManagedProcess]:
+        return []
+
+    def health_checks(self) -> dict[str, Callable[[], bool]]:
+        return {}
+
+    def down(self) -> list[str]:
+        return []  # the pods go with the node
+
+    # -- up --------------------------------------------------------------------------
+    def build_and_push(self, version: str = "dev") -> str:
+        """Every component image (plus `tiny`, which probe pods name) at ``version``
+        (default: the dev version of this tree); returns the version."""
+        builder = ImageBuilder(self.config.cache_dir, self.progress)
+        registry = Registry(self.config.real_node.registry)
+        for name in COMPONENTS:
+            built = builder.build_and_push(name, registry, version=version)
+            version = built.ref.rsplit(":", 1)[1]
+        builder.build_and_push("tiny", registry)
+        return version
+
+    def apply_version(self, version: str) -> list[dict[str, Any]]:
+        """Apply the manifests naming ``version`` (an upgrade when it is new); no wait."""
+        path = overlay.write(self.config, version)
+        self.docs = overlay.rendered(self.kubectl, path)
+        ap.apply(self.kubectl, path)
+        return self.docs
+
+    @property
+    def version(self) -> str:
+        """The version the applied manifests name (the daemon image's tag)."""
+        docs = self.docs or overlay.rendered(self.kubectl, overlay.path(self.config))
+        return ap.daemon_image(docs).rsplit(":", 1)[1]
+
+    def up(self) -> None:
+        t0 = time.monotonic()
+        version = self.build_and_push()
+        self.apply_version(version)
+        assert self.docs is not None
+        path = overlay.path(self.config)
+        self.progress(f"  applied {path} ({len(self.docs)} objects, version {version})")
+        ap.wait_available(
+            self.kubectl,
+            self.docs,
+            timeout_s=ROLLOUT_TIMEOUT_S,
+            progress=lambda m: self.progress(f"  {m.strip()}"),
+        )
+        ap.verify_injection(self.kubectl, ap.daemon_image(self.docs))
+        self.progress(f"  Sandman in-cluster ({time.monotonic() - t0:.1f}s): {version}")
+
+    # -- what tests and benchmarks use -------------------------------------------------
+    def _core(self) -> CoreV1Api:
+        return CoreV1Api(api_client(self.layout.admin_kubeconfig))
+
+    def webhook_pods(self, *, ready_only: bool = True) -> list[dict[str, Any]]:
+        pods = raw(
+            self._core().list_namespaced_pod(
+                NAMESPACE,
+                label_selector=f"app.kubernetes.io/name={WEBHOOK}",
+                _preload_content=False,
+            )
+        )["items"]
+        if not ready_only:
+            return list(pods)
+        return [p for p in pods if _ready(p) and not p["metadata"].get("deletionTimestamp")]
+
+    @property
+    def webhook_url(self) -> str:
+        """The webhook Service's ClusterIP (the host reaches it through kube-proxy)."""
+        svc = self._core().read_namespaced_service(WEBHOOK, NAMESPACE)
+        return f"https://{svc.spec.cluster_ip}:443"
+
+    def metrics_urls(self, component: str) -> list[str]:
+        """/metrics of every Ready pod of ``component`` (webhook, reaper, extender);
+        the host reaches pod IPs over the bridge."""
+        app, port, scheme = METRICS[component]
+        pods = raw(
+            self._core().list_namespaced_pod(
+                NAMESPACE, label_selector=f"app.kubernetes.io/name={app}", _preload_content=False
+            )
+        )["items"]
+        return [
+            f"{scheme}://{p['status']['podIP']}:{port}/metrics"
+            for p in pods
+            if _ready(p) and not p["metadata"].get("deletionTimestamp")
+        ]
+
+    @property
+    def policy_file(self) -> overlay.PolicyHandle:
+        """The policy as a file-like handle (``read_text``/``write_text``)."""
+        return self.policy
+
+    @property
+    def policy(self) -> overlay.PolicyHandle:
+        return overlay.PolicyHandle(self._core(), lambda: self.metrics_urls("webhook"))
+
+    def _scale(self, name: str, replicas: int) -> None:
+        AppsV1Api(api_client(self.layout.admin_kubeconfig)).patch_namespaced_deployment_scale(
+            name, NAMESPACE, {"spec": {"replicas": replicas}}
+        )
+
+    def stop_webhook(self) -> None:
+        """No webhook pod serves (the configurations stay: sandbox creates fail)."""
+        self._scale(WEBHOOK, 0)
+        deadline = time.monotonic() + ROLLOUT_TIMEOUT_S
+        while self.webhook_pods(ready_only=False):
+            if time.monotonic() > deadline:
+                raise TimeoutError("webhook pods did not go away")
+            time.sleep(POLL_S)
+
+    def start_webhook(self) -> None:
+        docs = self.docs or overlay.rendered(
+            self.kubectl, self.config.state_dir / "sandman-overlay"
+        )
+        spec = overlay.pick(docs, "Deployment", WEBHOOK)["spec"]
+        self._scale(WEBHOOK, int(spec.get("replicas", 1)))
+        ap.wait_available(
+            self.kubectl,
+            [overlay.pick(docs, "Deployment", WEBHOOK)],
+            timeout_s=ROLLOUT_TIMEOUT_S,
+            progress=lambda _m: None,
+        )
+        ap.verify_injection(self.kubectl, ap.daemon_image(docs))
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    conds = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)

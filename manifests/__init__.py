@@ -1,0 +1,1 @@
+"""Sandman's Kubernetes manifests, shipped as package data (``sandman install``)."""

@@ -1,0 +1,157 @@
+"""`sandman install` / `sandman uninstall`: Sandman on an existing cluster.
+
+    sandman install --registry ghcr.io/myorg            # write ./sandman-overlay, apply, wait
+    sandman install --registry R --dry-run=client -o yaml   # print what would be applied
+    kubectl apply --server-side -k ./sandman-overlay    # the same, by hand or GitOps
+    sandman uninstall                                   # webhook configurations first
+
+The images must be in the registry already: `sandman image push --registry R`
+from a checkout (same version by default), or a published release.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+from sandman import __version__
+from sandman.install import apply as ap
+from sandman.install import render
+from sandman.install.images import ImageNameError, Registry
+
+DEFAULT_OVERLAY = Path("sandman-overlay")
+
+
+def _kubectl_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kubeconfig", default=None, help="as kubectl's (default: $KUBECONFIG)")
+    p.add_argument("--context", default=None, help="kubeconfig context (default: current)")
+    p.add_argument("--kubectl", default="kubectl", help="kubectl to run (default: on PATH)")
+
+
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "install",
+        help="install Sandman on a cluster (writes a kustomize overlay, applies it, waits)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--registry",
+        default=None,
+        help="REGISTRY[/PREFIX] holding the sandman-* images; omit for bare names "
+        "(sandman-controller:V, e.g. after `kind load`)",
+    )
+    p.add_argument("--version", default=__version__, help=f"image tag (default {__version__})")
+    p.add_argument(
+        "--cert-manager",
+        action="store_true",
+        help="the webhook's TLS from cert-manager (Certificate + inject-ca-from) instead of "
+        "its own",
+    )
+    p.add_argument(
+        "--overlay-dir",
+        type=Path,
+        default=None,
+        help=f"where to write the overlay (default ./{DEFAULT_OVERLAY}; a temporary dir "
+        "with --dry-run=client)",
+    )
+    p.add_argument("--force", action="store_true", help="overwrite a kustomization not ours")
+    p.add_argument(
+        "--dry-run",
+        choices=("none", "client", "server"),
+        default="none",
+        help="client: print the objects, touch nothing; server: the apiserver validates",
+    )
+    p.add_argument("-o", "--output", choices=("name", "yaml"), default="name")
+    p.add_argument("--no-wait", action="store_true", help="do not wait for the rollout")
+    _kubectl_flags(p)
+    p.set_defaults(func=cmd_install)
+
+    u = sub.add_parser(
+        "uninstall",
+        help="remove Sandman (webhook configurations first; sandboxes are left running)",
+    )
+    u.add_argument(
+        "--overlay-dir",
+        type=Path,
+        default=None,
+        help="the overlay `sandman install` wrote (default: this release's manifests)",
+    )
+    u.add_argument(
+        "--purge-access-secrets",
+        action="store_true",
+        help="also delete the sandman-access Secret the webhook put in each namespace",
+    )
+    _kubectl_flags(u)
+    u.set_defaults(func=cmd_uninstall)
+
+
+def _kubectl(args: argparse.Namespace) -> ap.Kubectl:
+    return ap.Kubectl(args.kubectl, args.kubeconfig, args.context)
+
+
+def cmd_install(args: argparse.Namespace) -> int:
+    try:
+        opts = render.InstallOptions(
+            version=args.version,
+            registry=Registry.parse(args.registry) if args.registry else None,
+            cert_manager=args.cert_manager,
+        )
+        render.images(opts)  # a bad version fails here, before anything is written
+    except ImageNameError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    kubectl = _kubectl(args)
+    tmp = None
+    try:
+        if args.overlay_dir is None and args.dry_run == "client":
+            tmp = tempfile.TemporaryDirectory(prefix="sandman-overlay-")
+            overlay = Path(tmp.name)
+        else:
+            overlay = args.overlay_dir or DEFAULT_OVERLAY
+        ap.write_overlay(overlay, opts, force=args.force)
+        rendered = ap.render_overlay(kubectl, overlay)
+        docs = ap.documents(rendered)
+        if args.dry_run == "client":
+            if args.output == "yaml":
+                print(rendered, end="")
+            else:
+                for d in docs:
+                    print(f"{d['kind'].lower()}/{d['metadata']['name']} (dry run)")
+            return 0
+        print(f"overlay: {overlay}/ (kubectl apply --server-side -k {overlay})", file=sys.stderr)
+        out = ap.apply(kubectl, overlay, server_dry_run=args.dry_run == "server")
+        print(out, end="")
+        if args.dry_run == "server" or args.no_wait:
+            return 0
+        ap.wait_available(kubectl, docs, progress=lambda m: print(m, file=sys.stderr))
+        ap.verify_injection(kubectl, ap.daemon_image(docs))
+        print("Sandman is installed: labeled pods get the daemon.", file=sys.stderr)
+        return 0
+    except ap.InstallError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def cmd_uninstall(args: argparse.Namespace) -> int:
+    kubectl = _kubectl(args)
+    try:
+        if args.overlay_dir is not None:
+            rendered = ap.render_overlay(kubectl, args.overlay_dir)
+        else:
+            rendered = ap.render_overlay(kubectl, ap.manifests_dir())
+        ap.uninstall(
+            kubectl,
+            ap.documents(rendered),
+            purge_access=args.purge_access_secrets,
+            progress=lambda m: print(m, file=sys.stderr),
+        )
+    except ap.InstallError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
