@@ -56,7 +56,17 @@ PodHook = Callable[[str, dict[str, Any]], None]
 
 @dataclass(frozen=True)
 class ManagerConfig:
-    create_rate: float = 20.0  # pod creates/s for pools and on-demand together
+    # Pod creates/s for pools and on-demand together. 20/s is client-go's
+    # default QPS, which kube-controller-manager keeps unless told otherwise
+    # (--kube-api-qps 20): the ReplicaSet controller makes every pool pod, so
+    # in such a cluster a larger budget only queues inside the controller
+    # manager, behind every other controller. It is also most of what one
+    # client gets here: `sandman bench cluster` measured 25.6 creates/s (16
+    # client threads, shared 2-core machine at load 6-8). Cost: a batch of N
+    # new pods takes at least N/20 s (800 pods: 40 s, docs/pools.md); raise it
+    # with the controller manager's QPS on a cluster that has the headroom.
+    create_rate: float = 20.0
+    # One second's worth at once: a fleet's first wave starts without a ramp.
     create_burst: int = 20
     tick_s: float = 0.25  # reconcile at least this often (also woken by changes)
     status_every_s: float = 5.0  # status annotation writes, per pool, at most this often
