@@ -21,6 +21,7 @@ from sandman.telemetry.prom import build_info
 # the scheduler gives up at its httpTimeout (100 ms): fine buckets below 10 ms,
 # coarse ones up to the timeout and past it.
 BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.25, 1)
+CACHE_OUTCOMES = ("hit", "partial", "pulling", "miss", "cold")
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,10 @@ class ExtenderMetrics:
                 registry=r,
             ),
         )
+
+    def __post_init__(self) -> None:
+        for outcome in CACHE_OUTCOMES:  # every outcome exported from the start (at 0)
+            self.placements.labels(outcome)
 
     def observe_placement(self, facts: PodFacts, winner: str | None) -> None:
         if winner is not None:

@@ -22,12 +22,16 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from sandman import __version__
+from sandman.contract import REASON_EXITED, REASON_IDLE, REASON_LEASE_EXPIRED, REASON_STUCK
 from sandman.telemetry.inventory import Inventory, take
 from sandman.telemetry.prom import CounterMirror, build_info
 
 # Reclaim latency after a deadline: the target is under 2 s (design section
 # 11); buckets resolve that range and still show a backlog of minutes.
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300)
+# Every reclaim reason is exported from the start (at 0), so rate() sees the
+# first reclaim of each and the dashboard's queries always find the series.
+RECLAIM_REASONS = (REASON_LEASE_EXPIRED, REASON_IDLE, REASON_STUCK, REASON_EXITED)
 
 
 class InventoryCollector(Collector):
@@ -92,7 +96,7 @@ class ReaperMetrics:
         build_info(r, "reaper", __version__)
         inventory = InventoryCollector()
         r.register(inventory)
-        return cls(
+        m = cls(
             registry=r,
             inventory=inventory,
             reclaimed=Counter(
@@ -140,6 +144,11 @@ class ReaperMetrics:
                 )
             ),
         )
+        for reason in RECLAIM_REASONS:
+            m.latency.labels(reason)
+            for dry in ("false", "true"):
+                m.reclaimed.labels(reason, dry)
+        return m
 
     def refresh(
         self,

@@ -87,6 +87,8 @@ class SdkMetrics:
             buckets=CLAIM_BUCKETS,
             registry=self.registry,
         )
+        for result in ("ok", "no_idle", "error"):  # exported from the start (at 0)
+            self.claims.labels(result)
         self._budget = _Budget()
         self.registry.register(self._budget)
         self._runner: web.AppRunner | None = None

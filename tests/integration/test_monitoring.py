@@ -14,6 +14,7 @@ import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 import yaml
 
@@ -87,20 +88,31 @@ def get(url: str) -> str:
 
 
 @pytest.fixture
-def reaper(cluster: LocalCluster, namespace: str) -> Iterator[int]:
+def reaper(cluster: LocalCluster, namespace: str, tmp_path: Path) -> Iterator[int]:
     """A reaper scoped to the test's namespace (it leads at once: no election)."""
     port = free_port()
+    log = (tmp_path / "reaper.log").open("wb")
     argv = [
         sys.executable, "-m", "sandman.reaper", "serve", f"--listen=127.0.0.1:{port}",
         f"--kubeconfig={cluster.kubeconfig}", f"--namespace={namespace}",
         f"--watch-namespace={namespace}", "--no-leader-elect",
     ]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+
+    def ready() -> bool:
+        assert proc.poll() is None, (tmp_path / "reaper.log").read_text()[-3000:]
+        try:
+            return "ok" in get(f"http://127.0.0.1:{port}/readyz")
+        except OSError:
+            return False
+
     try:
+        wait_for(ready, timeout=60, what="the reaper's /readyz")
         yield port
     finally:
         proc.terminate()
         proc.wait(15)
+        log.close()
 
 
 @pytest.fixture
@@ -135,7 +147,10 @@ async def test_dashboard_and_alerts_name_only_metrics_the_components_export(
                 lambda: pm.health("warm").ready >= 1, timeout=90, what="a Ready pool pod"
             )
             await pm.claim("warm", claimer="monitoring-test", ttl=dt.timedelta(minutes=5))
-            sdk_text = get(f"http://127.0.0.1:{tel.port}/metrics")
+            # Served on this event loop: read it without blocking the loop.
+            url = f"http://127.0.0.1:{tel.port}/metrics"
+            async with aiohttp.ClientSession() as http, http.get(url) as r:
+                sdk_text = await r.text()
     finally:
         await tel.aclose()
 
@@ -160,7 +175,10 @@ async def test_dashboard_and_alerts_name_only_metrics_the_components_export(
     assert e.value.status == 403
 
     def reaper_inventory() -> str | None:
-        text = get(f"http://127.0.0.1:{reaper}/metrics")
+        try:
+            text = get(f"http://127.0.0.1:{reaper}/metrics")
+        except OSError as e:
+            pytest.fail(f"the reaper stopped answering: {e}")
         ok = (
             "sandman_pool_sandboxes{" in text
             and "sandman_sandboxes_pending_oldest_seconds{" in text
