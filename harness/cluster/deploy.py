@@ -10,10 +10,8 @@ swapped, so both modes test the same selectors and failure policies.
 from __future__ import annotations
 
 import json
-import ssl
 import sys
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +22,7 @@ from kubernetes.client.exceptions import ApiException
 
 from sandman.contract import ANN_INJECTED, LABEL_SANDBOX, NAMESPACE
 from sandman.harness.cluster import overlay
+from sandman.harness.cluster import reaper as reaper_proc
 from sandman.harness.cluster.binaries import Binaries
 from sandman.harness.cluster.components import Layout
 from sandman.harness.cluster.config import ClusterConfig
@@ -31,6 +30,7 @@ from sandman.harness.cluster.extender import ready_url as extender_ready_url
 from sandman.harness.cluster.extender import serve_argv as extender_argv
 from sandman.harness.cluster.process import ManagedProcess, wait_healthy, wait_until
 from sandman.harness.kube import api_client
+from sandman.harness.probes import http_ok
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO_ROOT / "manifests"
@@ -41,13 +41,6 @@ LOCAL_POLICY = yaml.safe_load((MANIFESTS / "overlays/local/policy.yaml").read_te
 ]
 
 Progress = Callable[[str], None]
-
-
-def _insecure() -> ssl.SSLContext:
-    ctx = ssl.create_default_context()
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_NONE
-    return ctx
 
 
 class LocalDeployment:
@@ -146,41 +139,22 @@ class LocalDeployment:
             )
         )
         if self.config.deploy_reaper:
-            reaper = [
-                sys.executable,
-                "-m",
-                "sandman.reaper",
-                "serve",
-                f"--listen=127.0.0.1:{self.config.ports.reaper}",
-                f"--kubeconfig={self.layout.admin_kubeconfig}",
-                f"--namespace={NAMESPACE}",
-            ]
+            reaper = reaper_proc.serve_argv(
+                self.config.ports.reaper,
+                self.layout.admin_kubeconfig,
+                extra=[f"--namespace={NAMESPACE}"],
+            )
             procs.append(
                 ManagedProcess("sandman-reaper", tuple(reaper), self.layout.run, self.layout.logs)
             )
         return procs
 
     def health_checks(self) -> dict[str, Callable[[], bool]]:
-        def ready() -> bool:
-            with urllib.request.urlopen(
-                self.webhook_url + "/readyz", context=_insecure(), timeout=2
-            ) as r:
-                return r.status == 200
-
-        def reaper_ready() -> bool:
-            url = f"http://127.0.0.1:{self.config.ports.reaper}/readyz"
-            with urllib.request.urlopen(url, timeout=2) as r:
-                return r.status == 200
-
-        def extender_ready() -> bool:
-            url = extender_ready_url(self.config.ports.extender)
-            with urllib.request.urlopen(url, timeout=2) as r:
-                return r.status == 200
-
+        ports = self.config.ports
         return {
-            "sandman-webhook": ready,
-            "sandman-reaper": reaper_ready,
-            "sandman-extender": extender_ready,
+            "sandman-webhook": lambda: http_ok(self.webhook_url + "/readyz", insecure=True),
+            "sandman-reaper": lambda: http_ok(reaper_proc.url(ports.reaper, "/readyz")),
+            "sandman-extender": lambda: http_ok(extender_ready_url(ports.extender)),
         }
 
     def _rendered(self) -> list[dict[str, Any]]:
