@@ -60,7 +60,7 @@ class ImageConfigCache:
         self.max_entries = max_entries
         self._tags: OrderedDict[tuple[str, str], tuple[str, float]] = OrderedDict()
         self._configs: OrderedDict[tuple[str, str], ImageConfig] = OrderedDict()
-        self._failures: OrderedDict[tuple[str, str], tuple[str, float]] = OrderedDict()
+        self._failures: OrderedDict[tuple[str, str], tuple[str, bool, float]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._configs)
@@ -106,15 +106,23 @@ class ImageConfigCache:
         cfg = self.config_for(ref, digest, cred)
         return Hit(digest, cfg) if cfg is not None else None
 
-    def failure(self, ref: Reference, cred: str) -> str | None:
+    def failure(self, ref: Reference, cred: str) -> tuple[str, bool] | None:
+        """(message, retryable) of a lookup that failed within ``failure_ttl_s``."""
         key = (str(ref), cred)
         hit = self._failures.get(key)
         if hit is None:
             return None
-        if self.clock() >= hit[1]:
+        if self.clock() >= hit[2]:
             del self._failures[key]
             return None
-        return hit[0]
+        return hit[0], hit[1]
+
+    def stale(self, ref: Reference, cred: str) -> Hit | None:
+        """The config a tag named when last resolved, however long ago: what the
+        webhook falls back on while the registry cannot be reached."""
+        digest = self.stale_digest(ref, cred)
+        cfg = self.config_for(ref, digest, cred) if digest else None
+        return Hit(digest, cfg) if digest and cfg is not None else None
 
     # -- writes -------------------------------------------------------------------
     def remember_digest(self, ref: Reference, cred: str, digest: str) -> None:
@@ -128,5 +136,8 @@ class ImageConfigCache:
         self._put(self._configs, (f"{ref.name}@{digest}", cred), config)
         self._failures.pop((str(ref), cred), None)
 
-    def remember_failure(self, ref: Reference, cred: str, message: str) -> None:
-        self._put(self._failures, (str(ref), cred), (message, self.clock() + self.failure_ttl_s))
+    def remember_failure(
+        self, ref: Reference, cred: str, message: str, retryable: bool = False
+    ) -> None:
+        expires = self.clock() + self.failure_ttl_s
+        self._put(self._failures, (str(ref), cred), (message, retryable, expires))

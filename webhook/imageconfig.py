@@ -122,10 +122,15 @@ class ImageConfigResolver:
             async with asyncio.timeout(self.budget_s):
                 facts, result = await self._lookup(image, namespace, pull_secrets)
         except TimeoutError:
-            facts = ImageFacts(
-                image, error=f"no answer from its registry within {self.budget_s:g}s"
-            )
-            result = "timeout"
+            why = f"no answer from its registry within {self.budget_s:g}s"
+            facts, result = ImageFacts(image, error=why), "timeout"
+            try:
+                ref = Reference.parse(image)
+            except RegistryError:
+                pass
+            else:
+                # the login is unknown here; only an anonymous entry may be reused
+                facts = self._stale_or(image, ref, "anonymous", why, True)
         self.on_result(result, time.monotonic() - t0)
         return facts
 
@@ -146,7 +151,7 @@ class ImageConfigResolver:
             return ImageFacts(image, hit.config, digest=hit.digest), "hit"
         failed = self.cache.failure(ref, cred)
         if failed is not None:
-            return ImageFacts(image, error=failed), "error"
+            return self._stale_or(image, ref, cred, *failed), "error"
         key = (str(ref), cred)
         task = self._inflight.get(key)
         if task is None:
@@ -170,10 +175,24 @@ class ImageConfigResolver:
                     return ImageFacts(image, cfg, digest=digest)
             got = await self.registry.image_config(ref, keychain=keychain)
         except RegistryError as e:
-            self.cache.remember_failure(ref, cred, str(e))
-            return ImageFacts(image, error=str(e))
+            self.cache.remember_failure(ref, cred, str(e), e.retryable)
+            return self._stale_or(image, ref, cred, str(e), e.retryable)
         self.cache.remember(ref, cred, got.digest, got.config)
         return ImageFacts(image, got.config, digest=got.digest)
+
+    def _stale_or(
+        self, image: str, ref: Reference, cred: str, error: str, retryable: bool
+    ) -> ImageFacts:
+        """The last config the tag named when the registry is down or slow (stated
+        in a warning), since nodes that cached the image still run it; a
+        definitive answer (no such image, credentials refused) is never papered over."""
+        stale = self.cache.stale(ref, cred) if retryable else None
+        if stale is None:
+            return ImageFacts(image, error=error)
+        note = (
+            f"its registry failed ({error}); used the ENTRYPOINT/CMD last read for {stale.digest}"
+        )
+        return ImageFacts(image, stale.config, digest=stale.digest, note=note)
 
 
 def pull_secret_names(pod: dict[str, Any]) -> list[str]:

@@ -348,6 +348,8 @@ def _command(
     if run is not None:
         if facts is not None and facts.config is not None:
             m.image_digest = facts.digest
+            if facts.note:
+                m.warnings.append(f"container {name}: {facts.note}")
             if not run:
                 m.warnings.append(
                     f"container {name}: image {facts.image} defines no ENTRYPOINT or CMD; "

@@ -103,6 +103,7 @@ class ImageFacts:
     config: ImageConfig | None = None
     digest: str = ""
     error: str = ""  # the registry's answer when there is no config
+    note: str = ""  # how a config was obtained when not fresh (stated in a warning)
 
 
 def escape_expansion(word: str) -> str:

@@ -42,9 +42,9 @@ def test_failures_expire_and_entries_are_per_login() -> None:
     clock = Clock()
     cache = ImageConfigCache(clock, tag_ttl_s=30, failure_ttl_s=5)
     ref = Reference.parse("127.0.0.1:5000/app:1")
-    cache.remember_failure(ref, "anonymous", "unreachable")
+    cache.remember_failure(ref, "anonymous", "unreachable", True)
     clock.t += 4.999
-    assert cache.failure(ref, "anonymous") == "unreachable"
+    assert cache.failure(ref, "anonymous") == ("unreachable", True)
     clock.t += 0.001
     assert cache.failure(ref, "anonymous") is None
     cache.remember(ref, "cred-a", D1, CFG)
@@ -139,3 +139,29 @@ async def test_credentials_decide_the_cache_entry() -> None:
         denied = await res.lookup(image, "other", [])
         assert denied.config is None and "requires credentials" in denied.error
         await res.close()
+
+
+async def test_a_registry_down_after_the_ttl_falls_back_to_the_last_config_with_a_note() -> None:
+    clock = Clock()
+    reg = FakeRegistry()
+    async with reg:
+        d = reg.add_image("app", "1", {"Cmd": ["c"]})
+        reg.add_image("gone", "1", {"Cmd": ["g"]})
+        res = ImageConfigResolver(RegistryClient(), ImageConfigCache(clock), budget_s=2)
+        await res.lookup(f"{reg.host}/app:1", "ns", [])
+        await res.lookup(f"{reg.host}/gone:1", "ns", [])
+        host = reg.host
+        # the tag "gone" is deleted: a definitive answer is never papered over
+        del reg.manifests[("gone", "1")]
+        clock.t += 30
+        gone = await res.lookup(f"{host}/gone:1", "ns", [])
+        assert gone.config is None and "no such image" in gone.error
+    # the registry is down now: nodes that cached the image still run it, so
+    # the last config the tag named is used, and the note says so
+    down = await res.lookup(f"{host}/app:1", "ns", [])
+    assert down.config is not None and down.config.cmd == ("c",) and down.digest == d
+    assert "registry failed" in down.note and d in down.note
+    # the failure is remembered for 5 s: the next admission is answered at once, the same way
+    again = await res.lookup(f"{host}/app:1", "ns", [])
+    assert again.config == down.config and again.note
+    await res.close()

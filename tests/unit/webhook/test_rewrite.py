@@ -235,6 +235,21 @@ def test_an_unreadable_image_is_denied_in_enforce_and_stated_otherwise(mode: str
     assert any("could not be read" in w and "only the daemon runs" in w for w in m.warnings)
 
 
+def test_a_stale_config_runs_with_a_warning_that_says_so() -> None:
+    img = "127.0.0.1:5000/app:1"
+    note = "its registry failed (unreachable); used the ENTRYPOINT/CMD last read for sha256:d"
+    out, m = _mutate(
+        _pod(), RuleSet(name="r"), {img: ImageFacts(img, IMAGE, "sha256:d", note=note)}
+    )
+    assert out["spec"]["containers"][0]["command"][-4:] == [
+        "/entry.sh",
+        "--flag",
+        "serve",
+        "$$(HOME)",
+    ]
+    assert m.warnings == [f"container main: {note}"]
+
+
 def test_job_pods_exit_with_their_command() -> None:
     p = _owned("Job", "batch/v1")
     p["spec"]["containers"][0]["command"] = ["sh", "-c", "exit 3"]
