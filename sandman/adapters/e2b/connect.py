@@ -114,6 +114,11 @@ class Call:
     def headers(self) -> Mapping[str, str]:
         return self.request.headers
 
+    def client_gone(self) -> bool:
+        """The client closed the connection (a stream can stop waiting for output)."""
+        transport = self.request.transport
+        return transport is None or transport.is_closing()
+
 
 Unary = Callable[[Call, dict[str, Any]], Awaitable[dict[str, Any]]]
 ServerStream = Callable[[Call, dict[str, Any]], AsyncIterator[dict[str, Any]]]
@@ -168,13 +173,19 @@ def stream_route(handler: ServerStream) -> Callable[[web.Request], Awaitable[web
         resp = web.StreamResponse(headers={"Content-Type": STREAM_JSON})
         await resp.prepare(request)
         error: ConnectError | None = None
+        replies = handler(call, message)
         try:
-            async for reply in handler(call, message):
+            async for reply in replies:
                 await resp.write(envelope(reply))
         except ConnectError as e:
             error = e
         except (ConnectionResetError, OSError):
             return resp  # the client went away: nobody is left to tell
+        finally:
+            # MUST close the handler now, not whenever it is collected: its
+            # cleanup (a command's stream detaching) decides when the command's
+            # record may be deleted.
+            await replies.aclose()
         await resp.write(end_envelope(error))
         await resp.write_eof()
         return resp

@@ -108,7 +108,12 @@ async def connect(call: Call, msg: dict[str, Any]) -> AsyncIterator[dict[str, An
 def _stream_opts(call: Call, *, from_now: bool) -> dict[str, Any]:
     raw = call.headers.get(KEEPALIVE_HEADER, "")
     keepalive = float(raw) if raw.replace(".", "", 1).isdigit() and float(raw) > 0 else None
-    return {"keepalive_s": keepalive, "from_now": from_now, "clock": time.monotonic}
+    return {
+        "keepalive_s": keepalive,
+        "from_now": from_now,
+        "clock": time.monotonic,
+        "client_gone": call.client_gone,
+    }
 
 
 async def list_processes(call: Call, msg: dict[str, Any]) -> dict[str, Any]:
@@ -287,6 +292,8 @@ async def _uploads(request: web.Request) -> list[tuple[str, bytes]]:
 async def health(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     sid = request.headers.get("E2b-Sandbox-Id", "")
+    if not sid:
+        return web.Response(status=502)
     try:
         entry = await gw.entry(sid)
         await entry.sandbox.status()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import re
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +40,8 @@ SANDBOX_ID_HEADER = "E2b-Sandbox-Id"
 # Where relative paths and commands without a cwd start when the image's
 # HOME cannot be read (envd's default is its user's home).
 FALLBACK_HOME = "/"
+# A pod name (a DNS subdomain): what an E2B sandbox id must be here.
+POD_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,8 @@ class Gateway:
     # -- sandboxes -------------------------------------------------------------------
     async def attach(self, sandbox_id: str) -> Sandbox:
         """A fresh handle on a gateway-made sandbox; SandboxGone if there is none."""
+        if not POD_NAME.fullmatch(sandbox_id):  # never a path into another resource
+            raise SandboxGone(f"sandbox {sandbox_id[:80]!r} not found")
         try:
             sb = await Sandbox.attach(self.client, sandbox_id, self.config.namespace)
         except SandboxStartError:  # a pod, but not a sandbox

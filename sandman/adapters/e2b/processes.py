@@ -129,6 +129,7 @@ async def stream_events(
     keepalive_s: float | None,
     from_now: bool,
     clock: Callable[[], float],
+    client_gone: Callable[[], bool],
 ) -> AsyncIterator[dict[str, Any]]:
     """ProcessEvents of a tracked command: data as it comes, keepalives, then the end.
 
@@ -155,6 +156,8 @@ async def stream_events(
                 yield wire.data_event(stream, data)
         if finished:
             break
+        if client_gone():
+            return  # nobody to deliver to; the command runs on (envd does the same)
         if keepalive_s is not None and clock() - last_sent >= keepalive_s:
             last_sent = clock()
             yield wire.keepalive_event()
