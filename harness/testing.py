@@ -24,7 +24,11 @@ from kubernetes.client import CoreV1Api
 
 from sandman.harness.cluster import claim
 from sandman.harness.cluster.config import ClusterConfig, Ports, RealNodeConfig, default_state_dir
-from sandman.harness.cluster.hostsetup import bridge_exists, real_node_unsupported_reason
+from sandman.harness.cluster.hostsetup import (
+    bridge_exists,
+    pids_with_arg,
+    real_node_unsupported_reason,
+)
 from sandman.harness.cluster.kwok_nodes import NODE_KIND_LABEL
 from sandman.harness.cluster.local import LocalCluster
 from sandman.harness.kube import raw
@@ -78,10 +82,21 @@ def real_node_reason_for_new_cluster(state_dir: Path | None = None) -> str | Non
     deadline = time.monotonic() + float(os.environ.get(WAIT_ENV) or 0)
     announced = False
 
+    def legacy() -> bool:
+        # A real node started before claims existed: no claim, but its kubelet runs.
+        return bridge_exists(node.bridge) and bool(
+            pids_with_arg(f"--hostname-override={node.name}")
+        )
+
     def busy() -> bool:
-        if state_dir is not None:
-            return claim.take(state_dir) is not None
-        return claim.holder_if_live() is not None or bridge_exists(node.bridge)
+        if state_dir is None:
+            return claim.holder_if_live() is not None or bridge_exists(node.bridge)
+        if claim.take(state_dir) is not None:
+            return True
+        if legacy():
+            claim.release(state_dir)
+            return True
+        return False
 
     while busy() and time.monotonic() < deadline:
         if not announced:

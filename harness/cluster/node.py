@@ -141,14 +141,22 @@ class RealNode:
                 f"a real node is already running on this machine ({clash}); "
                 "one real node per machine: stop the other cluster first"
             )
+        # From here on the host parts are ours to make and to tear down.
+        self.lay.root.mkdir(parents=True, exist_ok=True)
+        self._host_marker.touch()
         hostsetup.ensure_packages(self.progress)
+
+    @property
+    def _host_marker(self) -> Path:
+        return self.lay.root / "host-owned"
 
     def owns_host(self) -> bool:
         """Whether this cluster may tear down the host-global parts (bridge,
-        iptables, guard, cgroup root): it holds the claim, or nobody does and no
-        other kubelet runs (a cluster started before claims existed)."""
+        iptables, guard, cgroup root): it holds the claim and got past its
+        preflight, or nobody holds one and no other kubelet runs (a cluster
+        started before claims existed)."""
         if claim.held_by(self.layout.state_dir):
-            return True
+            return self._host_marker.exists()
         if claim.holder_if_live() is not None:
             return False
         mine = next(p for p in self.processes() if p.name == "kubelet").running_pid()
