@@ -16,6 +16,8 @@ BENCHMARKS = {
     "extender": "sandman.bench.extender",
     "realnode": "sandman.bench.realnode",
     "rollout": "sandman.bench.rollout",
+    "gvisor": "sandman.bench.gvisor",
+    "controller": "sandman.bench.controller",
 }
 
 

@@ -83,10 +83,12 @@ def real_node_reason_for_new_cluster(state_dir: Path | None = None) -> str | Non
     announced = False
 
     def legacy() -> bool:
-        # A real node started before claims existed: no claim, but its kubelet runs.
-        return bridge_exists(node.bridge) and bool(
-            pids_with_arg(f"--hostname-override={node.name}")
-        )
+        # A real node started before claims existed (no claim): its kubelet
+        # runs, or its registry still holds the port while it stops.
+        kubelet = bridge_exists(node.bridge) and pids_with_arg(f"--hostname-override={node.name}")
+        with socket.socket() as s:
+            registry = s.connect_ex(("127.0.0.1", node.registry_port)) == 0
+        return bool(kubelet) or registry
 
     def busy() -> bool:
         if state_dir is None:
