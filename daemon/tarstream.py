@@ -1,15 +1,26 @@
 """Tar upload (extract into a dir) and download (archive a path), streamed.
 
-tarfile is synchronous, so each transfer runs in a worker thread connected to
-the event loop by a bounded queue (backpressure both ways). Extraction
-validates every member itself: the interpreter we freeze (Debian's 3.11.2)
-predates tarfile's extraction filters.
+Both sides are synchronous (tarfile, ``tarwrite``), so each transfer runs in a
+worker thread connected to the event loop by a bounded queue (backpressure
+both ways). Extraction validates every member itself: the interpreter we
+freeze (Debian's 3.11.2) predates tarfile's extraction filters.
+
+A download that fails after its 200 went out (a file vanished or shrank
+while it was archived) cannot change its status any more. Its end is then
+made unmistakable: the last chunk is an error record (``STREAM_ERROR_MARKER``
+and a JSON ``{"code", "message"}`` line, for the SDK to report) and the
+connection is closed without the terminating chunk, so every HTTP client
+(curl, requests, aiohttp, http.client) raises instead of keeping a
+truncated archive that looks whole. A failure before anything was sent is an
+ordinary JSON error.
 """
 
 from __future__ import annotations
 
 import asyncio
 import io
+import json
+import logging
 import os
 import queue
 import stat
@@ -18,12 +29,34 @@ import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from sandman.daemon.errors import BadRequest, NotFound
+from sandman.contract import STREAM_ERROR_MARKER
+from sandman.daemon.errors import APIError, BadRequest, NotFound, PayloadTooLarge
+from sandman.daemon.files import os_errors
 from sandman.daemon.paths import PathPolicy
+from sandman.daemon.tarwrite import CHUNK, ArchiveError, Archiver
 
-CHUNK = 256 << 10
+log = logging.getLogger("sandmand")
+
 QUEUE_DEPTH = 16  # chunks in flight between loop and thread: 4 MiB of memory
+# A pax or GNU long-name header is read into memory whole: real ones are a
+# few hundred bytes (a path and a few times), so 1 MiB is generous, and a
+# header claiming gigabytes cannot make the daemon allocate them.
+MAX_META_BYTES = 1 << 20
+# tarfile keeps every member it has read; extraction forgets them as it goes,
+# so memory stays flat, but one upload still gets at most this many members
+# (a million empty files is a 512 MiB tar, far beyond any workspace).
+MAX_MEMBERS = 1_000_000
+
+
+class StreamAborted(APIError):
+    """A streamed response failed after it started: the connection is cut."""
+
+
+def error_record(code: str, message: str) -> bytes:
+    """The last chunk of an aborted stream (see the module docstring)."""
+    return STREAM_ERROR_MARKER + json.dumps({"code": code, "message": message}).encode() + b"\n"
 
 
 class _QueueReader(io.RawIOBase):
@@ -50,6 +83,34 @@ class _QueueReader(io.RawIOBase):
         return n
 
 
+# Member kinds whose data tarfile reads into memory whole.
+_META_TYPES = (
+    tarfile.GNUTYPE_LONGNAME,
+    tarfile.GNUTYPE_LONGLINK,
+    tarfile.XHDTYPE,
+    tarfile.XGLTYPE,
+    tarfile.SOLARIS_XHDTYPE,
+)
+
+
+class _SafeTarInfo(tarfile.TarInfo):
+    """Refuses the member kinds whose metadata tarfile would read into memory
+    whole (pax, GNU long names) beyond MAX_META_BYTES, and sparse members
+    (whose declared size has no bound)."""
+
+    def _proc_member(self, tar: Any) -> Any:
+        if self.type in _META_TYPES and self.size > MAX_META_BYTES:
+            raise BadRequest(
+                f"tar header block of {self.size} bytes (at most {MAX_META_BYTES})", code="bad_tar"
+            )
+        if self.type == tarfile.GNUTYPE_SPARSE:
+            raise BadRequest("sparse tar members are not supported", code="bad_tar")
+        return super()._proc_member(tar)
+
+    def _proc_gnusparse_10(self, *args: Any) -> Any:
+        raise BadRequest("sparse tar members are not supported", code="bad_tar")
+
+
 @dataclass
 class ExtractStats:
     files: int = 0
@@ -70,7 +131,12 @@ def _member_target(policy: PathPolicy, root: Path, name: str) -> Path:
 
 
 def _extract_one(
-    policy: PathPolicy, root: Path, tar: tarfile.TarFile, m: tarfile.TarInfo, stats: ExtractStats
+    policy: PathPolicy,
+    root: Path,
+    tar: tarfile.TarFile,
+    m: tarfile.TarInfo,
+    stats: ExtractStats,
+    limit: int,
 ) -> None:
     target = _member_target(policy, root, m.name)
     mode = stat.S_IMODE(m.mode) & ~(stat.S_ISUID | stat.S_ISGID)
@@ -80,16 +146,18 @@ def _extract_one(
         stats.dirs += 1
         return
     target.parent.mkdir(parents=True, exist_ok=True)
-    if os.path.lexists(target) and not os.path.isdir(target):
-        os.unlink(target)
+    if os.path.lexists(target) and not stat.S_ISDIR(os.lstat(target).st_mode):
+        os.unlink(target)  # never write through an existing symlink
     if m.isfile():
         src = tar.extractfile(m)
         assert src is not None
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
         with os.fdopen(fd, "wb") as out:
             while chunk := src.read(CHUNK):
-                out.write(chunk)
                 stats.bytes += len(chunk)
+                if stats.bytes > limit:
+                    raise PayloadTooLarge(f"the tar unpacks to more than {limit} bytes")
+                out.write(chunk)
         os.utime(target, (m.mtime, m.mtime))
         stats.files += 1
     elif m.issym():
@@ -100,7 +168,7 @@ def _extract_one(
         stats.links += 1
     elif m.islnk():
         source = _member_target(policy, root, m.linkname)
-        os.link(source, target)
+        os.link(source, target, follow_symlinks=False)
         stats.links += 1
     else:
         raise BadRequest(
@@ -109,13 +177,23 @@ def _extract_one(
         )
 
 
-def extract_worker(policy: PathPolicy, root: Path, reader: _QueueReader) -> ExtractStats:
+def extract_worker(
+    policy: PathPolicy, root: Path, reader: _QueueReader, limit: int = 8 << 30
+) -> ExtractStats:
     stats = ExtractStats()
     try:
-        with tarfile.open(fileobj=reader, mode="r|*") as tar:  # type: ignore[call-overload]
-            for m in tar:
-                _extract_one(policy, root, tar, m, stats)
-    except tarfile.TarError as e:
+        with tarfile.open(fileobj=reader, mode="r|*", tarinfo=_SafeTarInfo) as tar:  # type: ignore[call-overload]
+            count = 0
+            while (m := tar.next()) is not None:
+                tar.members.clear()  # stream mode keeps every member otherwise
+                count += 1
+                if count > MAX_MEMBERS:
+                    raise PayloadTooLarge(f"more than {MAX_MEMBERS} members in one tar")
+                with os_errors(f"tar member {m.name!r}"):
+                    _extract_one(policy, root, tar, m, stats, limit)
+    except (tarfile.TarError, EOFError) as e:
+        raise BadRequest(f"not a valid tar stream: {e}", code="bad_tar") from None
+    except (ValueError, UnicodeError) as e:
         raise BadRequest(f"not a valid tar stream: {e}", code="bad_tar") from None
     finally:
         # Drain whatever the loop still sends so it never blocks on a full queue.
@@ -133,7 +211,7 @@ async def extract(
         raise BadRequest(f"{root} is not a directory (create it first, or pass mkdirs)")
     reader = _QueueReader()
     loop = asyncio.get_running_loop()
-    work = loop.run_in_executor(None, extract_worker, policy, root, reader)
+    work = loop.run_in_executor(None, extract_worker, policy, root, reader, limit)
     total = 0
     try:
         async for chunk in chunks:
@@ -148,60 +226,91 @@ async def extract(
     return await work
 
 
-def _add_tree(tar: tarfile.TarFile, policy: PathPolicy, path: Path, arcname: str) -> None:
-    for prot in policy.protected:
-        if os.path.realpath(prot) == str(path):
-            return  # never archive the daemon's own dir
-    tar.add(path, arcname=arcname, recursive=False)
-    if path.is_dir() and not path.is_symlink():
-        for name in sorted(os.listdir(path)):
-            _add_tree(tar, policy, path / name, f"{arcname}/{name}")
+# -- download ---------------------------------------------------------------------
+class _Feed:
+    """Carries the worker's output to the event loop: bytes, then None (done)
+    or the exception that ended it. ``put`` blocks while the queue is full."""
 
-
-class _QueueWriter(io.RawIOBase):
-    def __init__(self, loop: asyncio.AbstractEventLoop, q: asyncio.Queue[bytes | None]) -> None:
-        self.loop, self.q = loop, q
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.q: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue(maxsize=QUEUE_DEPTH)
         self.cancelled = threading.Event()
 
-    def writable(self) -> bool:
-        return True
-
-    def write(self, b: bytes) -> int:  # type: ignore[override]
+    def put(self, item: bytes | BaseException | None) -> None:
         if self.cancelled.is_set():
             raise BrokenPipeError("client went away")
-        asyncio.run_coroutine_threadsafe(self.q.put(bytes(b)), self.loop).result()
-        return len(b)
+        asyncio.run_coroutine_threadsafe(self.q.put(item), self.loop).result()
+
+
+def _protected_ids(policy: PathPolicy) -> frozenset[tuple[int, int]]:
+    ids = set()
+    for p in policy.protected:
+        try:
+            st = os.stat(p)
+        except OSError:
+            continue
+        ids.add((st.st_dev, st.st_ino))
+    return frozenset(ids)
 
 
 async def archive(policy: PathPolicy, raw: object, gzip: bool) -> AsyncIterator[bytes]:
-    """Yield a tar (optionally gzip) of a file or directory tree."""
+    """Yield a tar (optionally gzip) of a file or directory tree.
+
+    Errors before the first chunk raise as API errors (a JSON answer); later
+    ones yield the error record, then raise StreamAborted (the handler's
+    stream is cut; see the module docstring).
+    """
     path = policy.target(raw)
     if not os.path.lexists(path):
         raise NotFound(f"{path}: no such file or directory")
     loop = asyncio.get_running_loop()
-    q: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=QUEUE_DEPTH)
-    writer = _QueueWriter(loop, q)
+    feed = _Feed(loop)
+    skip = _protected_ids(policy)
 
     def work() -> None:
         try:
-            buffered = io.BufferedWriter(writer, buffer_size=CHUNK)
-            with tarfile.open(fileobj=buffered, mode="w|gz" if gzip else "w|") as tar:  # type: ignore[call-overload]
-                _add_tree(tar, policy, path, path.name or "root")
-            buffered.flush()
-        finally:
-            asyncio.run_coroutine_threadsafe(q.put(None), loop).result()
+            arc = Archiver(feed.put, gzip=gzip, skip=skip)
+            arc.add(str(path), path.name or "root")
+            arc.finish()
+        except BrokenPipeError:
+            return
+        except ArchiveError as e:
+            feed.put(e)
+            return
+        except Exception as e:  # a bug: reported as one, never as a whole archive
+            log.exception("archiving %s failed", path)
+            feed.put(e)
+            return
+        feed.put(None)
 
     fut = loop.run_in_executor(None, work)
+    sent = False
     try:
-        while (chunk := await q.get()) is not None:
-            yield chunk
+        while True:
+            item = await feed.q.get()
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                err = _api_error(item)
+                if not sent:
+                    raise err
+                log.warning("tar of %s aborted mid-stream: %s", path, err.message)
+                yield error_record(err.code, err.message)
+                raise StreamAborted(err.message, code=err.code)
+            sent = True
+            yield item
     finally:
-        writer.cancelled.set()
+        feed.cancelled.set()
         while not fut.done():  # unblock a worker waiting on a full queue
             try:
-                q.get_nowait()
+                feed.q.get_nowait()
             except asyncio.QueueEmpty:
                 await asyncio.sleep(0.01)
-        exc = fut.exception()
-        if exc is not None and not isinstance(exc, BrokenPipeError):
-            raise exc
+
+
+def _api_error(e: BaseException) -> APIError:
+    if not isinstance(e, ArchiveError):
+        return APIError("internal error (logged by the daemon)")
+    err = APIError(e.message, code=e.code)
+    err.status = e.status
+    return err

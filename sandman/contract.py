@@ -23,6 +23,8 @@ ANN_PROFILE = PREFIX + "profile"  # policy profile, e.g. "eval", "rollout"
 ANN_TOKEN_SHA256 = PREFIX + "token-sha256"  # client-chosen token hash (hex)
 ANN_WORKSPACE = PREFIX + "workspace"  # git checkout /v1/reset restores
 ANN_EXIT_WITH_COMMAND = PREFIX + "exit-with-command"  # "true": the pod ends with its command
+# Files and directories /v1/reset verifies by content (comma-separated absolute paths).
+ANN_MANIFESTS = PREFIX + "manifests"
 
 # -- outputs the system writes --------------------------------------------------------
 ANN_INJECTED = PREFIX + "injected"  # daemon version; the idempotency marker
@@ -75,6 +77,11 @@ ENV_TOKEN_SHA256 = "SANDMAN_TOKEN_SHA256"  # SHA-256 (hex) of the sandbox's toke
 ENV_TOKEN_SHA256_FILE = "SANDMAN_TOKEN_SHA256_FILE"  # ... or a file holding it
 ENV_WORKSPACE = "SANDMAN_WORKSPACE"  # the git checkout /v1/reset restores
 ENV_TMPDIR_ORIG = "SANDMAN_TMPDIR_ORIG"  # the image's own TMPDIR, handed back to commands
+ENV_MANIFESTS = "SANDMAN_MANIFESTS"  # ANN_MANIFESTS's value, for the daemon
+# The last chunk of a daemon stream that failed after its 200 (a tar whose
+# source changed mid-way), before the connection is cut: this marker, a JSON
+# object {"code", "message"} and a newline. Clients report it as the error.
+STREAM_ERROR_MARKER = b"\n--sandman-stream-error-- "
 # SDK process: serve the pool manager's metrics (GET /metrics) on HOST:PORT.
 ENV_METRICS_LISTEN = "SANDMAN_METRICS_LISTEN"
 NAMESPACE = "sandman-system"

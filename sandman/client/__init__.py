@@ -16,6 +16,7 @@ from sandman.client.errors import (
     SandboxGone,
     SandboxStartError,
     SandmanError,
+    StreamAborted,
     TransportError,
     Unauthorized,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "SandmanClient",
     "SandmanError",
     "Session",
+    "StreamAborted",
     "Timings",
     "TransportError",
     "Unauthorized",

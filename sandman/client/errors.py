@@ -6,7 +6,9 @@
     ├── SandboxGone             the sandbox's pod no longer exists (released, reclaimed)
     ├── TransportError          the daemon could not be reached (retryable)
     └── DaemonError             the daemon answered 4xx/5xx; ``status``, ``code``
-        └── Unauthorized        wrong or missing token (401)
+        ├── Unauthorized        wrong or missing token (401)
+        └── StreamAborted       the daemon cut a stream it had begun (a tar whose
+                                files vanished or changed while it was made: retry)
 
 ``retryable`` on SandboxStartError separates infrastructure weather (no
 capacity yet, a registry hiccup, a timeout: try again) from a sandbox that can
@@ -65,3 +67,9 @@ class DaemonError(SandmanError):
 
 class Unauthorized(DaemonError):
     pass
+
+
+class StreamAborted(DaemonError):
+    """The daemon began a streamed answer (HTTP 200) and then cut it, saying
+    why in its last record: nothing of that answer is usable. ``status`` is the
+    200 it had sent; ``code`` and ``message`` are the daemon's."""

@@ -17,6 +17,7 @@ from sandman.client.errors import (
     DaemonError,
     SandboxGone,
     SandboxStartError,
+    StreamAborted,
     TransportError,
     Unauthorized,
 )
@@ -30,6 +31,7 @@ from sandman.contract import (
     ANN_WORKSPACE,
     LABEL_ID,
     LABEL_SANDBOX,
+    STREAM_ERROR_MARKER,
     format_time,
     parse_duration,
 )
@@ -492,10 +494,30 @@ class Sandbox:
         )
 
     async def download_tar(self, path: str, *, gzip: bool = False) -> bytes:
-        data = await self._call(
-            "GET", "/v1/files/tar", params={"path": path, "gzip": "1" if gzip else "0"}
+        """The whole archive, or an error: never a truncated tar that looks whole.
+
+        Raises StreamAborted when the daemon cut the stream (a file vanished or
+        changed while it was archived: retry when the tree is quiet), and
+        TransportError when the connection broke off for another reason.
+        """
+        resp = await self.client.transport.send(
+            await self._target(),
+            DaemonRequest("GET", "/v1/files/tar", {"path": path, "gzip": "1" if gzip else "0"}),
+            DEFAULT_TIMEOUT_S,
         )
-        assert isinstance(data, bytes)
+        if resp.status >= 400:
+            raise _daemon_error(resp.status, await resp.read(), self)
+        parts: list[bytes] = []
+        try:
+            async for chunk in resp.chunks():
+                parts.append(chunk)
+        except TransportError as e:
+            raise _stream_error(resp.status, b"".join(parts)[-8192:]) or e from e
+        data = b"".join(parts)
+        # A cut stream always ends in a transport error; this is belt and braces.
+        err = _stream_error(resp.status, data[-8192:])
+        if err is not None:
+            raise err
         return data
 
     async def reset(self) -> dict[str, Any]:
@@ -530,6 +552,19 @@ def _exec_body(
     if max_output_bytes is not None:
         body["max_output_bytes"] = max_output_bytes
     return body
+
+
+def _stream_error(status: int, tail: bytes) -> StreamAborted | None:
+    """The daemon's error record at the end of a stream it cut, if it got here
+    (a proxy on the way may drop the last bytes of a broken stream)."""
+    at = tail.rfind(STREAM_ERROR_MARKER)
+    if at < 0 or not tail.endswith(b"\n"):
+        return None
+    try:
+        doc = json.loads(tail[at + len(STREAM_ERROR_MARKER) :])
+        return StreamAborted(status, str(doc["code"]), str(doc["message"]))
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _daemon_error(status: int, payload: bytes, sb: Sandbox) -> Exception:

@@ -72,6 +72,8 @@ class _AiohttpResponse:
     async def read(self) -> bytes:
         try:
             return await self._resp.read()
+        except aiohttp.ClientError as e:  # the body broke off (e.g. a cut chunked stream)
+            raise TransportError(f"{self._resp.url.path}: the answer broke off: {e}") from e
         finally:
             self._resp.release()
 
@@ -79,6 +81,8 @@ class _AiohttpResponse:
         try:
             async for chunk in self._resp.content.iter_any():
                 yield chunk
+        except aiohttp.ClientError as e:
+            raise TransportError(f"{self._resp.url.path}: the answer broke off: {e}") from e
         finally:
             self._resp.release()
 
