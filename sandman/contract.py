@@ -30,6 +30,7 @@ ANN_MANIFESTS = PREFIX + "manifests"
 ANN_INJECTED = PREFIX + "injected"  # daemon version; the idempotency marker
 LABEL_ID = PREFIX + "id"  # random sandbox id (the token is derived from it)
 ANN_EXPIRES_AT = PREFIX + "expires-at"  # RFC 3339; clients may move it later
+ANN_ENTRYPOINT_FROM = PREFIX + "entrypoint-from"  # image@digest whose ENTRYPOINT/CMD runs
 ANN_ADMITTED = PREFIX + "admitted"  # admission marker: only the webhook can compute it
 ANN_KEY_ID = PREFIX + "key-id"  # generation of the cluster key the token derives from
 LABEL_POOL = PREFIX + "pool"

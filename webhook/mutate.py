@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandman.contract import (
+    ANN_ENTRYPOINT_FROM,
     ANN_EXPIRES_AT,
     ANN_IDLE_TIMEOUT,
     ANN_INJECTED,
@@ -322,6 +323,11 @@ def mutate(
         m.op("add", "/spec/initContainers", [init])
     facts = (images or {}).get(container.get("image", "")) if images is not None else None
     run = _command(m, container, facts, rule, lookups=images is not None)
+    if m.image_digest and facts is not None:
+        # Where the command came from, readable from the pod alone (the
+        # annotations map exists: the lease annotations were added above).
+        image = facts.image if "@" in facts.image else f"{facts.image}@{m.image_digest}"
+        m.op("add", f"/metadata/annotations/{escape_pointer(ANN_ENTRYPOINT_FROM)}", image)
     flags = ["--exit-with-command"] if exit_with_command and run else []
     if exit_with_command and not run:
         m.warnings.append(

@@ -217,6 +217,9 @@ def test_the_image_entrypoint_runs_under_the_daemon() -> None:
     c = out["spec"]["containers"][0]
     assert c["command"] == [*DAEMON, "--", "/entry.sh", "--flag", "a"] and "args" not in c
     assert m.warnings == [] and m.image_digest == "sha256:" + "d" * 64
+    # the pod says where its command came from
+    ann = out["metadata"]["annotations"]
+    assert ann["sandman.dev/entrypoint-from"] == f"{img}@sha256:" + "d" * 64
     assert "command" not in out["spec"]["containers"][1]  # other containers run as they were
 
 
