@@ -23,7 +23,10 @@ class ReaperConfig:
     host: str = "0.0.0.0"
     port: int = 8080  # health and metrics (plain HTTP)
     kubeconfig: Path | None = None
-    namespace: str = NAMESPACE  # the Lease and the cluster key live here
+    namespace: str = NAMESPACE  # the Lease lives here
+    keys_namespace: str = NAMESPACE  # Secret sandman-admission-key lives here
+    webhook_config: str = "sandman"  # the ValidatingWebhookConfiguration to probe
+    webhook_name: str = "policy.sandman.dev"  # its webhook that admits lease extensions
     identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     leader_elect: bool = True
     lease_name: str = LEASE_NAME
@@ -56,10 +59,26 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stuck-pending", default="10m", help="Pending longer than this is stuck")
     p.add_argument("--stuck-failing", default="2m", help="pull errors / crash loops for this long")
     p.add_argument("--stuck-not-ready", default="15m", help="never Ready for this long")
+    p.add_argument(
+        "--keys-namespace",
+        default=NAMESPACE,
+        help="where Secret sandman-admission-key is (the webhook's namespace)",
+    )
+    p.add_argument("--webhook-config", default="sandman", help="ValidatingWebhookConfiguration")
+    p.add_argument("--webhook-name", default="policy.sandman.dev", help="its lease webhook")
+    p.add_argument(
+        "--extension-grace",
+        default="2m",
+        help="hold leases that end during a webhook outage until it is back this long (0: off)",
+    )
 
 
 def _d(value: str) -> dt.timedelta:
     return parse_duration(value)
+
+
+def _grace(value: str) -> dt.timedelta:
+    return dt.timedelta(0) if value.strip() in ("0", "off") else parse_duration(value)
 
 
 def from_args(args: argparse.Namespace) -> ReaperConfig:
@@ -76,11 +95,15 @@ def from_args(args: argparse.Namespace) -> ReaperConfig:
         renew_deadline=_d(args.renew_deadline),
         retry_period=_d(args.retry_period),
         watch_namespace=args.watch_namespace,
+        keys_namespace=args.keys_namespace,
+        webhook_config=args.webhook_config,
+        webhook_name=args.webhook_name,
         options=ReaperOptions(
             dry_run=args.dry_run,
             delete_qps=args.delete_qps,
             delete_burst=args.delete_burst,
             workers=args.workers,
+            extension_grace=_grace(args.extension_grace),
             stuck=StuckLimits(
                 pending=_d(args.stuck_pending),
                 failing=_d(args.stuck_failing),

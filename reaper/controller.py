@@ -9,6 +9,12 @@ with the reason and deletes with UID + resourceVersion preconditions: if the
 pod changed meanwhile (a client extended its lease), the delete fails with
 409, and the key is re-queued to be decided on the newer object. NotFound is
 success. A pod without the sandbox label is never deleted.
+
+Two gates come first (``trust.py``, ``outage.py``): a pod in a system
+namespace, or without a valid admission marker, is never acted on (the label
+alone proves nothing); and a lease that ended while the admission webhook
+could not admit extensions is held until the webhook has been back for the
+extension grace.
 """
 
 from __future__ import annotations
@@ -23,16 +29,28 @@ from typing import Any
 
 import aiohttp
 
-from sandman.contract import LABEL_SANDBOX, ContractError, is_sandbox, parse_time
+from sandman.contract import (
+    LABEL_SANDBOX,
+    REASON_KEY_RETIRED,
+    REASON_LEASE_EXPIRED,
+    REASON_LEASE_HELD,
+    REASON_UNVERIFIED,
+    ContractError,
+    is_sandbox,
+    parse_time,
+)
 from sandman.events import EventRecorder, ObjectRef
 from sandman.informer import Informer, key_of
 from sandman.kube_async import PODS, ApiError, KubeClient
 from sandman.leader import LeaderElector
 from sandman.ratelimit import TokenBucket
 from sandman.reaper.decide import REASON_IDLE, Decision, StuckLimits, decide, idle_timeout
-from sandman.reaper.idle import IdleTracker, poll_idle_seconds, sandbox_token
+from sandman.reaper.idle import IDLE_UNSUPPORTED, IdleTracker, poll_idle_seconds
 from sandman.reaper.metrics import ReaperMetrics
+from sandman.reaper.outage import DEFAULT_GRACE, AdmissionHealth
+from sandman.reaper.trust import Trust, trust
 from sandman.reaper.workqueue import DelayQueue
+from sandman.tokens import AdmissionKeys
 
 log = logging.getLogger("sandman.reaper")
 
@@ -40,6 +58,9 @@ log = logging.getLogger("sandman.reaper")
 # its idle timeout): enough tries that one blip is outvoted before the
 # timeout passes, few enough to cost nothing.
 UNREACHABLE_RETRY = dt.timedelta(seconds=30)
+# While a lease is held for a webhook outage, look again this often (the
+# webhook probe's own period: nothing new is known sooner).
+HELD_RETRY = dt.timedelta(seconds=5)
 
 
 @dataclass
@@ -52,6 +73,7 @@ class ReaperOptions:
     delete_burst: int = 200
     workers: int = 8
     stuck: StuckLimits = field(default_factory=StuckLimits)
+    extension_grace: dt.timedelta = DEFAULT_GRACE  # outage.py; 0 holds nothing
 
 
 class Reaper:
@@ -66,17 +88,21 @@ class Reaper:
         *,
         elector: LeaderElector | None,
         recorder: EventRecorder | None,
-        cluster_key: bytes | None,
+        keys: AdmissionKeys | None = None,
+        health: AdmissionHealth | None = None,
         clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
         monotonic: Callable[[], float] = time.monotonic,
         namespace: str | None = None,
     ) -> None:
+        """``keys``: the admission keys (None until read: nothing is acted on);
+        ``health``: the webhook's availability (None: no lease is ever held)."""
         self.client = client
         self.options = options
         self.metrics = metrics
         self.elector = elector
         self.recorder = recorder
-        self.cluster_key = cluster_key
+        self.keys = keys
+        self.health = health
         self.clock = clock
         self.monotonic = monotonic
         self.queue = DelayQueue(monotonic)
@@ -98,6 +124,12 @@ class Reaper:
         return self.monotonic() + (when - self.clock()).total_seconds()
 
     def _schedule(self, key: str, pod: dict[str, Any]) -> None:
+        t = trust(pod, self.keys)
+        if t is Trust.SYSTEM:
+            return
+        if t is not Trust.ADMITTED:
+            self.queue.add(key)  # reported (unverified) or reclaimed (retired) by process()
+            return
         d = self._decide(key, pod)
         if d.reason is not None:
             self.queue.add(key)
@@ -124,8 +156,16 @@ class Reaper:
         self.metrics.is_leader.set(1 if leading else 0)
         if leading:
             # Whatever came due while we were standby is due now.
-            for key, pod in list(self.informer.store.items()):
-                self._schedule(key, pod)
+            self._reschedule_all()
+
+    def keys_changed(self, keys: AdmissionKeys) -> None:
+        """New admission keys (first read, a rotation, a retirement): decide again."""
+        self.keys = keys
+        self._reschedule_all()
+
+    def _reschedule_all(self) -> None:
+        for key, pod in list(self.informer.store.items()):
+            self._schedule(key, pod)
 
     def is_leader(self) -> bool:
         return self.elector is None or self.elector.is_leader()
@@ -173,9 +213,28 @@ class Reaper:
         if not is_sandbox(pod):
             log.warning("%s lost its sandbox label; never touched", key)
             return
-        d = self._decide(key, pod)
+        t = trust(pod, self.keys)
+        if t is Trust.SYSTEM:
+            return
+        if t is Trust.UNVERIFIED:
+            if self.keys is not None and self.reported.get(key) != REASON_UNVERIFIED:
+                self.reported[key] = REASON_UNVERIFIED
+                self._event(pod, _UNVERIFIED, "Warning")
+                self.metrics.reported.labels(REASON_UNVERIFIED).inc()
+            return
+        if t is Trust.RETIRED:
+            d = Decision(
+                REASON_KEY_RETIRED,
+                "admitted under a cluster key generation that has been retired",
+                delete=True,
+                deadline=self.clock(),
+            )
+        else:
+            d = self._decide(key, pod)
         if d.reason == REASON_IDLE:
             d = await self._confirm_idle(key, pod)
+        if d.reason == REASON_LEASE_EXPIRED and self._held(key, pod, d):
+            return
         if d.reason is None:
             if d.next_check is not None:
                 self.queue.add_at(key, self._at(d.next_check))
@@ -232,11 +291,13 @@ class Reaper:
 
     async def _confirm_idle(self, key: str, pod: dict[str, Any]) -> Decision:
         """Ask the daemon before calling a sandbox idle: fresh evidence only."""
-        token = sandbox_token(pod, self.cluster_key)
-        if token is None or self.http is None:
-            return Decision()  # client-chosen token: idleness cannot be observed
+        if self.http is None:
+            return Decision()
         now = self.clock()
-        idle_s = await poll_idle_seconds(self.http, pod, token)
+        idle_s = await poll_idle_seconds(self.http, pod)
+        if idle_s is IDLE_UNSUPPORTED:
+            self.metrics.idle_polls.labels("unsupported").inc()
+            return Decision()  # a daemon without GET /v1/idle: idleness cannot be observed
         if idle_s is None:
             first = self.idle.failed(key, now)
             self.metrics.idle_polls.labels("unreachable").inc()
@@ -261,9 +322,40 @@ class Reaper:
             )
         return d
 
+    def _held(self, key: str, pod: dict[str, Any], d: Decision) -> bool:
+        """Hold a lease that ended while extensions could not be admitted (outage.py)."""
+        if self.health is None or d.deadline is None:
+            return False
+        now = self.clock()
+        if not self.health.known:
+            # Started a moment ago: the first probe answers within its period.
+            self.queue.add_at(key, self._at(now + HELD_RETRY))
+            return True
+        until = self.health.hold_until(d.deadline, now, self.options.extension_grace)
+        if until is None:
+            return False
+        self.queue.add_at(key, self._at(max(until, now + HELD_RETRY)))
+        if self.reported.get(key) != REASON_LEASE_HELD:
+            self.reported[key] = REASON_LEASE_HELD
+            held = Decision(
+                REASON_LEASE_HELD,
+                f"{d.message}, while the admission webhook could not admit lease extensions; "
+                f"held until it has been back for {self.options.extension_grace}",
+            )
+            self._event(pod, held, "Warning")
+            self.metrics.reported.labels(REASON_LEASE_HELD).inc()
+        return True
+
     def _event(self, pod: dict[str, Any], d: Decision, type_: str, prefix: str = "") -> None:
         if self.recorder is not None and d.reason is not None:
             self.recorder.emit(ObjectRef.of(pod), d.reason, prefix + d.message, type_)
+
+
+_UNVERIFIED = Decision(
+    REASON_UNVERIFIED,
+    "no valid admission marker (sandman.dev/admitted): not admitted by Sandman's webhook, "
+    "so the reaper leaves it alone (the kubelet's activeDeadlineSeconds still applies)",
+)
 
 
 def _ready_since(pod: dict[str, Any]) -> dt.datetime | None:

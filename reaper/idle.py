@@ -1,7 +1,9 @@
 """Idle detection: when was a sandbox's daemon last used?
 
-The daemon knows (``idle_s`` in ``GET /v1/status``: seconds since the last
-authenticated API call, so no clock skew between reaper and sandbox); the
+The daemon knows (``GET /v1/idle``: seconds since it was last used, 0 while a
+request or stream is open; no token needed and nothing else revealed, so the
+reaper holds no sandbox's token and sends none across the node's network);
+the
 reaper asks only when it matters, i.e. when a sandbox would be idle for its
 whole timeout if nothing happened since the last answer. So an active fleet
 costs no polls and a heartbeat costs no control-plane write (design
@@ -19,8 +21,7 @@ from typing import Any
 
 import aiohttp
 
-from sandman import tokens
-from sandman.contract import ANN_TOKEN_SHA256, DAEMON_PORT, LABEL_ID, annotations, labels
+from sandman.contract import DAEMON_PORT
 
 # A status poll should take milliseconds; a daemon slower than this is as good
 # as unreachable for the purpose of this one poll.
@@ -71,33 +72,30 @@ class IdleTracker:
         return False
 
 
-def sandbox_token(pod: dict[str, Any], cluster_key: bytes | None) -> str | None:
-    """The daemon token the reaper can derive, or None (client-chosen token)."""
-    if cluster_key is None or ANN_TOKEN_SHA256 in annotations(pod):
-        return None
-    sid = labels(pod).get(LABEL_ID)
-    ns = (pod.get("metadata") or {}).get("namespace", "")
-    if not sid:
-        return None
-    return tokens.sandbox_token(tokens.namespace_key(cluster_key, ns), sid)
+# A daemon from before GET /v1/idle answers 404: its idleness cannot be
+# observed without a token, so it is never reclaimed for idleness (its lease
+# still applies).
+IDLE_UNSUPPORTED = -1.0
 
 
-async def poll_idle_seconds(
-    http: aiohttp.ClientSession, pod: dict[str, Any], token: str
-) -> float | None:
-    """``idle_s`` from the sandbox's daemon, or None if it could not be asked."""
+async def poll_idle_seconds(http: aiohttp.ClientSession, pod: dict[str, Any]) -> float | None:
+    """``idle_s`` from the sandbox's daemon; None if it could not be asked;
+    ``IDLE_UNSUPPORTED`` if its daemon has no idle figure."""
     ip = (pod.get("status") or {}).get("podIP")
     if not ip:
         return None
     try:
         async with http.get(
-            f"http://{ip}:{DAEMON_PORT}/v1/status",
-            headers={"Authorization": f"Bearer {token}"},
+            f"http://{ip}:{DAEMON_PORT}/v1/idle",
             timeout=aiohttp.ClientTimeout(total=POLL_TIMEOUT_S),
+            allow_redirects=False,
         ) as r:
+            if r.status == 404:
+                return IDLE_UNSUPPORTED
             if r.status != 200:
                 return None
             doc = await r.json()
-            return float(doc["idle_s"])
-    except (aiohttp.ClientError, TimeoutError, OSError, ValueError, KeyError):
+            idle = float(doc["idle_s"])
+            return idle if idle >= 0 and idle == idle else None  # NaN or negative: no answer
+    except (aiohttp.ClientError, TimeoutError, OSError, ValueError, KeyError, TypeError):
         return None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import base64
+import datetime as dt
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -17,7 +17,10 @@ from sandman.leader import LeaderElector
 from sandman.reaper.config import ReaperConfig
 from sandman.reaper.controller import Reaper
 from sandman.reaper.metrics import ReaperMetrics
+from sandman.reaper.outage import AdmissionHealth
+from sandman.reaper.probe import WebhookProbe
 from sandman.serving import metrics_response, run_main, serve_app
+from sandman.tokens import AdmissionKeys
 
 log = logging.getLogger("sandman.reaper")
 
@@ -35,14 +38,28 @@ class ReaperState:
 STATE = web.AppKey("state", ReaperState)
 
 
-async def read_cluster_key(client: KubeClient, namespace: str) -> bytes | None:
-    """The key to derive daemon tokens (idle polls); None disables idle checks."""
+# Rotations and retirements are rare and not urgent for the reaper (a pod
+# admitted under a generation it does not know yet is only left alone until
+# then): a GET every 15 s, no list/watch right on Secrets.
+KEYS_POLL_S = 15.0
+
+
+async def read_admission_keys(client: KubeClient, namespace: str) -> AdmissionKeys | None:
+    """What verifies admission markers (``sandman.tokens``); None until the webhook wrote it."""
     try:
-        s = await client.get(SECRETS, tokens.CLUSTER_KEY_SECRET, namespace)
-        return base64.b64decode(s["data"][tokens.KEY_FIELD])
-    except (ApiError, KeyError) as e:
-        log.warning("no cluster key (%s): idle sandboxes cannot be detected", e)
+        s = await client.get(SECRETS, tokens.ADMISSION_KEY_SECRET, namespace)
+        return AdmissionKeys.from_secret_data(s.get("data") or {})
+    except (ApiError, OSError, TimeoutError, tokens.KeySecretError) as e:
+        log.warning("no admission keys yet (%s): no sandbox is acted on until there are", e)
         return None
+
+
+async def watch_admission_keys(reaper: Reaper, client: KubeClient, namespace: str) -> None:
+    while True:
+        keys = await read_admission_keys(client, namespace)
+        if keys is not None and keys != reaper.keys:
+            reaper.keys_changed(keys)
+        await asyncio.sleep(KEYS_POLL_S)
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -80,15 +97,16 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     st = app[STATE]
     cfg = st.config
     st.client.open()
-    key = await read_cluster_key(st.client, cfg.namespace)
     recorder = EventRecorder(st.client, "sandman-reaper")
+    health = AdmissionHealth() if cfg.options.extension_grace > dt.timedelta(0) else None
     reaper = Reaper(
         st.client,
         cfg.options,
         st.metrics,
         elector=None,
         recorder=recorder,
-        cluster_key=key,
+        keys=await read_admission_keys(st.client, cfg.keys_namespace),
+        health=health,
         namespace=cfg.watch_namespace,
     )
     if cfg.leader_elect:
@@ -109,11 +127,19 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     tasks = [
         asyncio.ensure_future(reaper.run(st.stop)),
         asyncio.ensure_future(recorder.run(st.stop)),
+        asyncio.ensure_future(watch_admission_keys(reaper, st.client, cfg.keys_namespace)),
     ]
+    if health is not None:
+        probe = WebhookProbe(
+            st.client, health, config_name=cfg.webhook_config, webhook_name=cfg.webhook_name
+        )
+        tasks.append(asyncio.ensure_future(probe.run(st.stop)))
     if st.elector is not None:
         tasks.append(asyncio.ensure_future(st.elector.run(st.stop)))
     yield
     st.stop.set()
+    for t in tasks[2:]:
+        t.cancel()  # the key and probe loops sleep; the others end on stop
     await asyncio.gather(*tasks, return_exceptions=True)
     await st.client.close()
 

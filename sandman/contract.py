@@ -96,6 +96,11 @@ REASON_IDLE = "IdleReclaimed"
 REASON_STUCK = "StuckReclaimed"
 REASON_STUCK_REPORTED = "SandboxStuck"  # a controller-owned sandbox left to its owner
 REASON_EXITED = "Exited"
+REASON_KEY_RETIRED = "KeyRetired"  # admitted under a cluster key generation now retired
+REASON_LEASE_HELD = "LeaseHeld"  # lease ended while extensions could not be admitted
+REASON_UNVERIFIED = "SandboxUnverified"  # no valid admission marker: the reaper keeps off
+# Namespaces the reaper never acts in, whatever a pod there is labeled.
+SYSTEM_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease", NAMESPACE})
 REASON_SCHEDULER_NOT_RUNNING = "SchedulerNotRunning"  # a sandbox names a stopped scheduler
 
 # ASCII digits only: \d would also take Arabic-Indic or full-width digits,

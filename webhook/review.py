@@ -132,6 +132,9 @@ class Context:
     now: Callable[[], dt.datetime]
     new_id: Callable[[], str]
     token_hash_for: Callable[[str, str], str]  # (namespace, sandbox id) -> sha256 hex
+    # (namespace, sandbox id) -> the annotations only the webhook can write
+    # (admission marker, key generation; webhook/access.py marks_for)
+    marks: Callable[[str, str], dict[str, str]] | None = None
     # What the server read from registries before deciding (None: lookups off).
     images: Mapping[str, ImageFacts] | None = None
 
@@ -158,6 +161,7 @@ def decide_mutation(ctx: Context, r: Review) -> Outcome:
             now=ctx.now(),
             new_id=ctx.new_id,
             token_hash_for=lambda sid: ctx.token_hash_for(r.namespace, sid),
+            marks=(lambda sid: ctx.marks(r.namespace, sid)) if ctx.marks else None,
             images=ctx.images,
         )
     except MutationError as e:

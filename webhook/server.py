@@ -23,13 +23,13 @@ from sandman.events import EventRecorder, ObjectRef
 from sandman.informer import Informer
 from sandman.kube_async import MUTATING_WEBHOOKS, NAMESPACES, VALIDATING_WEBHOOKS, KubeClient
 from sandman.serving import metrics_response, run_main, serve_app
-from sandman.webhook import __version__
-from sandman.webhook.access import AccessPublisher, load_or_create_cluster_key
+from sandman.webhook import __version__, access
+from sandman.webhook.access import AccessPublisher, KeyKeeper, load_or_create_ring
 from sandman.webhook.certs import CertManager
 from sandman.webhook.config import WebhookConfig
 from sandman.webhook.lookups import AdmissionLookups
 from sandman.webhook.metrics import WebhookMetrics
-from sandman.webhook.mutate import InjectionSettings
+from sandman.webhook.mutate import InjectionSettings, MutationError
 from sandman.webhook.policy_source import PolicySource
 from sandman.webhook.review import (
     Context,
@@ -59,9 +59,10 @@ class WebhookState:
     certs: CertManager | None = None
     namespaces: Informer | None = None
     recorder: EventRecorder | None = None
-    cluster_key: bytes | None = None
+    keys: KeyKeeper | None = None  # the cluster key ring (webhook/access.py)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     extra_ns_labels: dict[str, dict[str, str]] = field(default_factory=dict)
+    extra_ns_uids: dict[str, str] = field(default_factory=dict)
     lookups: AdmissionLookups | None = None
 
     def ns_labels(self, namespace: str) -> dict[str, str]:
@@ -71,14 +72,23 @@ class WebhookState:
                 return (ns.get("metadata") or {}).get("labels") or {}
         return self.extra_ns_labels.get(namespace, {})
 
+    def ns_uid(self, namespace: str) -> str:
+        """The namespace's UID (its access key derives from it), or ""."""
+        if self.namespaces is not None:
+            ns = self.namespaces.store.get(f"/{namespace}")
+            if ns is not None:
+                return str((ns.get("metadata") or {}).get("uid") or "")
+        return self.extra_ns_uids.get(namespace, "")
+
     def context(self, images: dict[str, ImageFacts] | None = None) -> Context:
-        key = self.cluster_key
-        assert key is not None
+        assert self.keys is not None
+        ring = self.keys.ring  # one generation for the whole review
 
         def token_hash_for(namespace: str, sid: str) -> str:
-            return tokens.token_sha256(
-                tokens.sandbox_token(tokens.namespace_key(key, namespace), sid)
-            )
+            uid = self.ns_uid(namespace)
+            if not uid:
+                raise MutationError(f"namespace {namespace}: its UID is not known yet; retry")
+            return access.token_hash_for(ring, namespace, uid, sid)
 
         return Context(
             policy=self.policy.current,
@@ -87,6 +97,7 @@ class WebhookState:
             now=lambda: dt.datetime.now(dt.UTC),
             new_id=tokens.new_sandbox_id,
             token_hash_for=token_hash_for,
+            marks=lambda namespace, sid: access.marks_for(ring, namespace, sid),
             images=images,
         )
 
@@ -96,7 +107,7 @@ class WebhookState:
             missing.append("tls")
         if not self.policy.loaded.is_set():
             missing.append("policy")
-        if self.cluster_key is None:
+        if self.keys is None:
             missing.append("cluster-key")
         if self.namespaces is None or not self.namespaces.synced.is_set():
             missing.append("namespaces")
@@ -116,6 +127,7 @@ async def _namespace_labels_for(st: WebhookState, namespace: str) -> None:
     try:
         ns = await st.client.get(NAMESPACES, namespace)
         labels = (ns.get("metadata") or {}).get("labels") or {}
+        st.extra_ns_uids[namespace] = str((ns.get("metadata") or {}).get("uid") or "")
     except Exception as e:
         log.warning("labels of namespace %s unknown (%s); default rules apply", namespace, e)
         labels = {}
@@ -259,8 +271,11 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     cfg = st.config
     st.client.open()
     tasks: list[asyncio.Task[Any]] = []
-    st.cluster_key = await load_or_create_cluster_key(st.client, cfg.namespace)
-    publisher = AccessPublisher(st.client, st.cluster_key, set(cfg.excluded_namespaces))
+    ring = await load_or_create_ring(st.client, cfg.namespace)
+    keeper = KeyKeeper(st.client, cfg.namespace, ring)
+    await keeper.reconcile()  # the reaper's admission keys exist before the first marker
+    st.keys = keeper
+    publisher = AccessPublisher(st.client, keeper, set(cfg.excluded_namespaces))
     st.namespaces = Informer(st.client, NAMESPACES, publisher.on_namespace)
     st.recorder = EventRecorder(st.client, "sandman-webhook")
     st.lookups = AdmissionLookups.build(cfg, st.client, st.metrics.observe_lookup)
@@ -269,6 +284,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     tasks += [
         asyncio.ensure_future(st.namespaces.run(st.stop)),
         asyncio.ensure_future(st.recorder.run(st.stop)),
+        asyncio.ensure_future(keeper.run(st.stop)),
     ]
     if cfg.publish_access:
         tasks.append(asyncio.ensure_future(publisher.run(st.stop)))

@@ -22,7 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from sandman.client import Sandbox, SandboxStartError, SandmanClient, SandmanError
-from sandman.contract import ANN_EXPIRES_AT, ANN_IDLE_TIMEOUT, LABEL_SANDBOX, parse_time
+from sandman.contract import (
+    ANN_EXPIRES_AT,
+    ANN_IDLE_TIMEOUT,
+    ANN_KEY_ID,
+    LABEL_SANDBOX,
+    annotations,
+    parse_time,
+)
 from sandman.kube_async import PODS, list_all
 
 Cmd = Callable[[argparse.Namespace, SandmanClient], Awaitable[int]]
@@ -359,5 +366,5 @@ async def cmd_release(args: argparse.Namespace, client: SandmanClient) -> int:
 
 async def cmd_token(args: argparse.Namespace, client: SandmanClient) -> int:
     sb = await Sandbox.attach(client, args.pod)
-    print(await client.token_for(sb.namespace, sb.id))
+    print(await client.token_for(sb.namespace, sb.id, key_id=annotations(sb.pod).get(ANN_KEY_ID)))
     return 0

@@ -10,7 +10,6 @@ Create one per process (or per event loop) and pass it to every Sandbox:
 from __future__ import annotations
 
 import asyncio
-import base64
 import enum
 import time
 from pathlib import Path
@@ -66,6 +65,7 @@ class SandmanClient:
         self._transport_arg = transport
         self._transport: Transport | None = None
         self._keys: dict[str, bytes] = dict(access_keys or {})
+        self._rings: dict[str, tokens.AccessKeys] = {}
         self._key_locks: dict[str, asyncio.Lock] = {}
         self.state = ClientState.UNOPENED
 
@@ -105,26 +105,37 @@ class SandmanClient:
         assert self._transport is not None
         return self._transport
 
-    async def namespace_key(self, namespace: str) -> bytes:
-        """K_ns from the namespace's ``sandman-access`` Secret (read by RBAC)."""
+    async def namespace_key(self, namespace: str, key_id: str | None = None) -> bytes:
+        """K_ns for sandboxes admitted under key generation ``key_id`` (None: the
+        current one), from the namespace's ``sandman-access`` Secret (read by
+        RBAC). A generation the cached copy lacks (a rotation) is read again;
+        one that is no longer published raises ``sandman.tokens.KeyRetired``."""
         if namespace in self._keys:
-            return self._keys[namespace]
+            return self._keys[namespace]  # given to the constructor: one generation
+        ring = self._rings.get(namespace)
+        if ring is not None and (key_id is None or key_id in ring.keys):
+            return ring.key_for(key_id)
         lock = self._key_locks.setdefault(namespace, asyncio.Lock())
         async with lock:
-            if namespace in self._keys:
-                return self._keys[namespace]
+            ring = self._rings.get(namespace)
+            if ring is not None and (key_id is None or key_id in ring.keys):
+                return ring.key_for(key_id)
             deadline = time.monotonic() + ACCESS_KEY_WAIT_S
             while True:
                 try:
                     s = await self.kube.get(SECRETS, tokens.ACCESS_SECRET, namespace)
-                    key = base64.b64decode(s["data"][tokens.KEY_FIELD])
-                    break
+                    ring = tokens.AccessKeys.from_secret_data(s.get("data") or {})
+                    # A generation not published here yet (a rotation a moment
+                    # ago) is waited for; a retired one raises below.
+                    if key_id is None or key_id in ring.keys or time.monotonic() > deadline:
+                        break
                 except ApiError as e:
                     if not e.not_found or time.monotonic() > deadline:
                         raise
                 await asyncio.sleep(0.2)
-            self._keys[namespace] = key
-            return key
+            self._rings[namespace] = ring
+            return ring.key_for(key_id)
 
-    async def token_for(self, namespace: str, sandbox_id: str) -> str:
-        return tokens.sandbox_token(await self.namespace_key(namespace), sandbox_id)
+    async def token_for(self, namespace: str, sandbox_id: str, key_id: str | None = None) -> str:
+        """The token of a sandbox (``key_id``: its ``sandman.dev/key-id``)."""
+        return tokens.sandbox_token(await self.namespace_key(namespace, key_id), sandbox_id)

@@ -26,12 +26,14 @@ from sandman.client.transport import DaemonRequest, Target
 from sandman.contract import (
     ANN_EXPIRES_AT,
     ANN_IDLE_TIMEOUT,
+    ANN_KEY_ID,
     ANN_PROFILE,
     ANN_TTL,
     ANN_WORKSPACE,
     LABEL_ID,
     LABEL_SANDBOX,
     STREAM_ERROR_MARKER,
+    annotations,
     format_time,
     parse_duration,
 )
@@ -354,7 +356,9 @@ class Sandbox:
     # -- daemon calls ----------------------------------------------------------
     async def _target(self) -> Target:
         if self._token is None:
-            self._token = await self.client.token_for(self.namespace, self.id)
+            self._token = await self.client.token_for(
+                self.namespace, self.id, key_id=annotations(self.pod).get(ANN_KEY_ID)
+            )
         return Target(self.namespace, self.name, self.ip, self._token)
 
     async def _call(

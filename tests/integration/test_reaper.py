@@ -22,7 +22,15 @@ import pytest
 from kubernetes.client import CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
-from sandman.contract import ANN_EXPIRES_AT, ANN_TTL, LABEL_SANDBOX, format_time, parse_time
+from sandman import tokens
+from sandman.contract import (
+    ANN_EXPIRES_AT,
+    ANN_TTL,
+    LABEL_SANDBOX,
+    NAMESPACE,
+    format_time,
+    parse_time,
+)
 from sandman.harness.cluster.kwok_nodes import KWOK_IMAGE, on_kwok
 from sandman.harness.cluster.local import LocalCluster
 from sandman.harness.kube import raw
@@ -30,6 +38,7 @@ from sandman.harness.testing import free_port, wait_for
 from sandman.kube_async import PODS, KubeClient
 from sandman.reaper.controller import Reaper, ReaperOptions
 from sandman.reaper.metrics import ReaperMetrics
+from sandman.tokens import AdmissionKeys
 
 
 @dataclass
@@ -62,7 +71,7 @@ def reapers(cluster: LocalCluster, namespace: str) -> Iterator[Any]:
         pytest.skip("a cluster-wide reaper already runs on this (reused) cluster")
     started: list[ReaperProc] = []
 
-    def start(*extra: str) -> ReaperProc:
+    def start(*extra: str, watch_all: bool = False) -> ReaperProc:
         port = free_port()
         argv = [
             sys.executable,
@@ -72,7 +81,7 @@ def reapers(cluster: LocalCluster, namespace: str) -> Iterator[Any]:
             f"--listen=127.0.0.1:{port}",
             f"--kubeconfig={cluster.kubeconfig}",
             f"--namespace={namespace}",
-            f"--watch-namespace={namespace}",
+            *([] if watch_all else [f"--watch-namespace={namespace}"]),
             "--lease-duration=4s",
             "--renew-deadline=3s",
             "--retry-period=1s",
@@ -185,12 +194,18 @@ async def test_concurrent_extension_wins_over_delete(
             metrics,
             elector=None,
             recorder=None,
-            cluster_key=None,
+            keys=admission_keys(core),
             namespace=namespace,
         )
         await reaper.process(f"{namespace}/raced")
     assert metrics.conflicts._value.get() == 1  # type: ignore[attr-defined]
     assert exists(core, namespace, "raced")
+
+
+def admission_keys(core: CoreV1Api) -> AdmissionKeys:
+    """What the reaper verifies admission markers with (the webhook writes it)."""
+    s = core.read_namespaced_secret(tokens.ADMISSION_KEY_SECRET, NAMESPACE)
+    return AdmissionKeys.from_secret_data(s.data)
 
 
 def dry_run_done(r: ReaperProc) -> bool:

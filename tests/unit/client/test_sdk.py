@@ -24,7 +24,7 @@ from sandman.client.transport import DaemonRequest, Target
 from sandman.kube_async import Credentials, KubeClient
 from sandman.tokens import namespace_key, sandbox_token
 
-KEY = namespace_key(b"k" * 32, "ns")
+KEY = namespace_key(b"k" * 32, "ns", "ns-uid")
 POD = {
     "metadata": {"name": "sb", "namespace": "ns", "uid": "u", "labels": {"sandman.dev/id": "abc"}},
     "status": {"podIP": "10.244.0.9"},
