@@ -190,7 +190,8 @@ class SandmanEnv(gym.Env[str, Action]):
             return "", 0.0, False, True, info
         terminated = is_submit(action)
         truncated = not terminated and self._steps >= task.max_steps
-        info.update(exit_code=exit_code, timed_out=timed_out)
+        if exit_code is not None:  # a command ran (no key for edits and submit: vector
+            info.update(exit_code=exit_code, timed_out=timed_out)  # infos mask missing keys)
         return observation(text, self.max_obs_chars), reward, terminated, truncated, info
 
     # -- sandboxes ----------------------------------------------------------------------
