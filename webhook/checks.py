@@ -24,6 +24,7 @@ from sandman.contract import (
 from sandman.quantity import parse_quantity
 from sandman.webhook.confinement import (
     capabilities,
+    daemon_volumes,
     host_namespaces,
     host_paths,
     host_ports,
@@ -169,6 +170,7 @@ CHECKS: tuple[tuple[tuple[str, ...], Check], ...] = (
     (("seccomp", "apparmor", "selinux"), unconfined),
     (("proc-mount",), proc_mount),
     (("sysctls",), sysctls),
+    (("daemon-volume",), daemon_volumes),
     (("service-account-token",), _service_account_token),
     (("runtime-class",), _runtime_class),
     (("resources-max", "resources"), _resources_max),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from sandman.contract import DAEMON_SHARED_VOLUME
+from sandman.contract import DAEMON_INIT_CONTAINER, DAEMON_SHARED_VOLUME, DAEMON_VOLUME
 from sandman.webhook.policy import Violation
 from sandman.webhook.subject import Subject
 from sandman.webhook.subject import security_context as _sc
@@ -222,3 +222,28 @@ def host_paths(s: Subject) -> Iterator[Violation]:
                 f"volume {vol.get('name')} is a hostPath",
                 "use an emptyDir or a PVC instead",
             )
+
+
+def daemon_volumes(s: Subject) -> Iterator[Violation]:
+    """The daemon's volumes stay the daemon's: a debug container must not mount
+    the per-pod tree (it would change the daemon under the sandbox) nor the
+    shared node directory (every sandbox of the node runs from it)."""
+    for c in s.spec.get("ephemeralContainers") or []:
+        for vm in c.get("volumeMounts") or []:
+            if vm.get("name") in (DAEMON_VOLUME, DAEMON_SHARED_VOLUME):
+                yield Violation(
+                    "daemon-volume",
+                    f"ephemeral container {c.get('name', '?')} mounts {vm.get('name')!r}, "
+                    "the daemon's own volume",
+                    "mount only the pod's own volumes",
+                )
+    for c in [*(s.spec.get("initContainers") or []), *(s.spec.get("containers") or [])]:
+        if c.get("name") == DAEMON_INIT_CONTAINER:
+            continue
+        for vm in c.get("volumeMounts") or []:
+            if vm.get("name") == DAEMON_SHARED_VOLUME and not vm.get("readOnly"):
+                yield Violation(
+                    "daemon-volume",
+                    f"container {c.get('name', '?')} mounts the daemon's node directory writable",
+                    "leave the mount read-only, as the webhook wrote it",
+                )

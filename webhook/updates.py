@@ -41,7 +41,9 @@ from sandman.contract import (
 from sandman.webhook.checks import check
 from sandman.webhook.policy import RuleSet, Violation
 
-HARD_RULES = frozenset({"sandbox-label", "sandbox-id", "sandbox-marker", "lease-removed"})
+HARD_RULES = frozenset(
+    {"sandbox-label", "sandbox-id", "sandbox-marker", "lease-removed", "daemon-volume"}
+)
 # Written by the webhook at CREATE; what the reaper and the token derive from.
 IMMUTABLE_ANNOTATIONS = (ANN_INJECTED, ANN_ADMITTED, ANN_KEY_ID, ANN_TOKEN_SHA256)
 
