@@ -22,7 +22,13 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from sandman import __version__
-from sandman.contract import REASON_EXITED, REASON_IDLE, REASON_LEASE_EXPIRED, REASON_STUCK
+from sandman.contract import (
+    REASON_EXITED,
+    REASON_IDLE,
+    REASON_KEY_RETIRED,
+    REASON_LEASE_EXPIRED,
+    REASON_STUCK,
+)
 from sandman.telemetry.inventory import Inventory, take
 from sandman.telemetry.prom import CounterMirror, build_info
 
@@ -31,7 +37,13 @@ from sandman.telemetry.prom import CounterMirror, build_info
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300)
 # Every reclaim reason is exported from the start (at 0), so rate() sees the
 # first reclaim of each and the dashboard's queries always find the series.
-RECLAIM_REASONS = (REASON_LEASE_EXPIRED, REASON_IDLE, REASON_STUCK, REASON_EXITED)
+RECLAIM_REASONS = (
+    REASON_LEASE_EXPIRED,
+    REASON_IDLE,
+    REASON_STUCK,
+    REASON_EXITED,
+    REASON_KEY_RETIRED,
+)
 
 
 class InventoryCollector(Collector):
