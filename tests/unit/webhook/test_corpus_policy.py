@@ -48,7 +48,8 @@ def test_policy_case(case: dict[str, Any]) -> None:
 def test_the_documented_example_and_the_shipped_policies_parse() -> None:
     root = Path(__file__).resolve().parents[3]
     doc = (root / "docs" / "policy.md").read_text()
-    example = doc.split("```yaml\n", 1)[1].split("```", 1)[0]
+    blocks = [b.split("```", 1)[0] for b in doc.split("```yaml\n")[1:]]
+    example = next(b for b in blocks if "kind: SandboxPolicy" in b)
     assert parse_policy_text(example).rules[0].name == "research"
     shipped = yaml.safe_load((root / "manifests" / "webhook" / "policy.yaml").read_text())
     assert parse_policy_text(shipped["data"]["policy.yaml"]).rules[0].name == "default"
