@@ -8,6 +8,7 @@ case the same way. The format is in tests/corpus/README.md.
 from __future__ import annotations
 
 import copy
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +64,8 @@ class Case:
 
 
 def _pod(doc: dict[str, Any], case: dict[str, Any]) -> dict[str, Any]:
+    if "raw_pod" in case:
+        return json.loads(case["raw_pod"])  # duplicated keys: the last wins, as in the apiserver
     if "pod" in case:
         return merge(BASE_POD, case["pod"]) if case.get("pod_merge", True) else case["pod"]
     pod = copy.deepcopy(BASE_POD)

@@ -14,6 +14,8 @@ policy for the module and restored afterwards.
 
 from __future__ import annotations
 
+import json
+import subprocess
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -133,6 +135,9 @@ def test_admission_case_through_the_apiserver(
         _controller_case(cluster, core, ns, case)
         return
     pod = {**case.pod, "spec": on_kwok(case.pod["spec"])}
+    if "raw_pod" in case.raw:
+        _raw_case(cluster, ns, case)
+        return
     if case.update is None:
         try:
             got = raw(core.create_namespaced_pod(ns, pod, dry_run="All", _preload_content=False))
@@ -167,6 +172,35 @@ def test_admission_case_through_the_apiserver(
         return
     assert "allowed" in case.expect, f"{case.id}: admitted, expected {case.expect}"
     check_pod(case, got)
+
+
+def _raw_case(cluster: LocalCluster, ns: str, case: Case) -> None:
+    """The request body verbatim (duplicated keys and all), as kubectl sends a file."""
+    proc = subprocess.run(
+        [
+            str(cluster.binaries.kubectl),
+            f"--kubeconfig={cluster.kubeconfig}",
+            "create",
+            "--dry-run=server",
+            "-n",
+            ns,
+            "-o",
+            "json",
+            "-f",
+            "-",
+        ],
+        input=case.raw["raw_pod"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if "denied" in case.expect:
+        assert proc.returncode != 0, f"{case.id}: admitted"
+        missing = set(case.expect["denied"]) - rules_in(proc.stderr)
+        assert not missing, f"{case.id}: denied without {missing}: {proc.stderr}"
+        return
+    assert proc.returncode == 0, f"{case.id}: {proc.stderr}"
+    check_pod(case, json.loads(proc.stdout))
 
 
 def _controller_case(cluster: LocalCluster, core: CoreV1Api, ns: str, case: Case) -> None:
