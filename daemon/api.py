@@ -159,6 +159,7 @@ async def status(request: Request) -> Response:
         "api_calls": st.activity.calls,
         "workspace": st.pristine.workspace if st.pristine else None,
         "pristine_commit": st.pristine.commit if st.pristine else None,
+        "pristine": st.pristine.info() if st.pristine else None,
         "command": st.supervised_info(),
         "sessions": len(st.sessions.list()),
         "background": [p.info() for p in st.background.list() if p.running],
@@ -464,16 +465,12 @@ async def reset_(request: Request) -> Response:
 
 
 async def _reset_locked(st: DaemonState) -> Any:
-    from sandman.daemon.reset import Pristine, reset
+    from sandman.daemon.reset import reset
 
     async with st.reset_lock:
-        if st.pristine is None:  # nothing to restore but processes and temp dirs
-            st.pristine = Pristine(workspace=None, commit=None, branch=None, manifests={})
         await st.sessions.close_all()
         await st.background.close_all()
-        report = await reset(
-            st.reaper, st.base_env, st.pristine, st.config.temp_dirs, (st.config.daemon_dir,)
-        )
+        report = await reset(st)
         await st.restart_supervised()
         return report
 

@@ -27,7 +27,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--daemon-dir", default=DAEMON_DIR, help="the daemon's own (protected) dir")
     s.add_argument("--allow-root", action="append", help="path the file API may use (repeat)")
     s.add_argument("--workspace", default=None, help="git checkout restored by /v1/reset")
-    s.add_argument("--manifest", action="append", help="file whose hash reset verifies")
+    s.add_argument(
+        "--manifest", action="append", help="file or dir reset verifies by content (repeat)"
+    )
+    s.add_argument(
+        "--python-dirs",
+        default="auto",
+        metavar="auto|none|DIR[:DIR...]",
+        help="Python trees reset verifies (default: the image's lib/python3* dirs)",
+    )
     s.add_argument(
         "--temp-dir", action="append", help="dir reset empties (repeat; default /tmp, /var/tmp)"
     )

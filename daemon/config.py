@@ -10,9 +10,11 @@ from typing import Any
 
 from sandman.contract import (
     DAEMON_DIR,
+    ENV_MANIFESTS,
     ENV_TOKEN_SHA256,
     ENV_TOKEN_SHA256_FILE,
     ENV_WORKSPACE,
+    parse_manifests,
 )
 from sandman.contract import DAEMON_PORT as DEFAULT_PORT
 
@@ -50,8 +52,11 @@ class DaemonConfig:
     allowed_roots: tuple[Path, ...] = (Path("/"),)
     workspace: Path | None = None  # the git checkout that /v1/reset restores
     temp_dirs: tuple[Path, ...] = (Path("/tmp"), Path("/var/tmp"))
-    # Files whose content hash /v1/reset verifies (a dependency manifest).
+    # Files and dirs whose content /v1/reset verifies (--manifest, and the
+    # pod's sandman.dev/manifests through SANDMAN_MANIFESTS).
     manifest_files: tuple[Path, ...] = ()
+    # Python trees /v1/reset verifies; None: the image's, found at start.
+    python_dirs: tuple[Path, ...] | None = None
     command: tuple[str, ...] = ()  # the image's own command, supervised
     grace_s: float = 5.0  # SIGTERM -> SIGKILL for children at shutdown
     limits: Limits = field(default_factory=Limits)
@@ -102,9 +107,22 @@ def parse_probe(text: str) -> Any:
     return Probe.from_json(doc)
 
 
+def parse_python_dirs(value: str) -> tuple[Path, ...] | None:
+    """--python-dirs: "auto" (found at start), "none", or DIR[:DIR...]."""
+    if value == "auto":
+        return None
+    if value == "none":
+        return ()
+    dirs = tuple(Path(p) for p in value.split(":") if p)
+    if not all(d.is_absolute() for d in dirs):
+        raise ValueError(f"--python-dirs wants auto, none or absolute DIR[:DIR...], got {value!r}")
+    return dirs
+
+
 def from_args(args: argparse.Namespace) -> DaemonConfig:
     host, port = parse_listen(args.listen)
     workspace = args.workspace or os.environ.get(ENV_WORKSPACE)
+    manifests = [*(args.manifest or []), *parse_manifests(os.environ.get(ENV_MANIFESTS))]
     return DaemonConfig(
         host=host,
         port=port,
@@ -112,7 +130,8 @@ def from_args(args: argparse.Namespace) -> DaemonConfig:
         daemon_dir=Path(args.daemon_dir),
         allowed_roots=tuple(Path(p) for p in (args.allow_root or ["/"])),
         workspace=Path(workspace) if workspace else None,
-        manifest_files=tuple(Path(p) for p in args.manifest or []),
+        manifest_files=tuple(Path(p) for p in dict.fromkeys(manifests)),
+        python_dirs=parse_python_dirs(args.python_dirs),
         temp_dirs=tuple(Path(p) for p in args.temp_dir or ["/tmp", "/var/tmp"]),
         command=tuple(args.command),
         grace_s=args.grace,

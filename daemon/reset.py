@@ -1,125 +1,51 @@
 """/v1/reset: put a used sandbox back into the state it started in, and prove it.
 
 A sandbox reused for another rollout must not leak the previous rollout's
-edits, files or processes into the next reward. Reset restores what it can
-(processes, the git workspace, temp dirs) and then verifies independently of
-what it just did; anything it cannot verify is reported as drift, and the
-client must replace such a sandbox instead of reusing it.
+edits, files, processes or git history into the next reward. Reset kills
+every process, restores the recorded trees (``survey``, ``restore``) and
+empties the temp dirs, then verifies independently of what it did: every
+recorded tree is compared with the record again by fingerprint and content.
+Anything it could not restore or verify is drift, and a sandbox with drift
+must be replaced, never reused.
+
+Reset runs no program from the image (no git, no shell): all of it is file
+system work in the daemon, in its thread pool (the event loop, and /healthz
+with it, stays responsive during a reset of a big tree).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import json
+import logging
 import os
-import shutil
 import signal
 import time
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sandman.daemon.children import ChildReaper, descendants
-from sandman.daemon.commands import run_command
-from sandman.daemon.requests import ExecRequest
+from sandman.daemon.firstuse import record_path, skip_ids
+from sandman.daemon.gitread import ObjectStore
+from sandman.daemon.pristine import Pristine, Record
+from sandman.daemon.restore import remove, restore_tree
+from sandman.daemon.snapshot import Diff, TooLarge, compare, describe, top_level
+from sandman.daemon.survey import MAX_WORKSPACE_ENTRIES
 
-GIT_TIMEOUT_S = 120.0
+if TYPE_CHECKING:
+    from sandman.daemon.state import DaemonState
+
+log = logging.getLogger("sandmand")
+
 # How long killed processes get to disappear before reset calls them drift.
 KILL_SETTLE_S = 2.0
+# A tree is walked with room for what an agent added (twice the recorded
+# maximum); beyond that it is drift ("cannot verify"), not a slower reset.
+WALK_LIMIT = 2 * MAX_WORKSPACE_ENTRIES
 
 
-@dataclass(frozen=True)
-class Pristine:
-    """What "clean" means for this sandbox, recorded at first use."""
-
-    workspace: str | None
-    commit: str | None
-    branch: str | None
-    manifests: dict[str, str]  # path -> sha256 (or "missing")
-
-    def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(asdict(self)))
-
-    @classmethod
-    def load(cls, path: Path) -> Pristine | None:
-        try:
-            return cls(**json.loads(path.read_text()))
-        except (FileNotFoundError, ValueError, TypeError):
-            return None
-
-
-def file_digest(path: Path) -> str:
-    try:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-        return h.hexdigest()
-    except FileNotFoundError:
-        return "missing"
-
-
-class Git:
-    """git through the daemon's own spawner (never subprocess.run: see children.py)."""
-
-    def __init__(self, reaper: ChildReaper, env: Mapping[str, str], workspace: str) -> None:
-        # A repo owned by another uid than ours is "dubious" to git >= 2.35.2.
-        self.env = {
-            **env,
-            "GIT_CONFIG_COUNT": "1",
-            "GIT_CONFIG_KEY_0": "safe.directory",
-            "GIT_CONFIG_VALUE_0": "*",
-            "GIT_TERMINAL_PROMPT": "0",
-        }
-        self.reaper = reaper
-        self.workspace = workspace
-
-    async def __call__(self, *args: str) -> tuple[int, str, str]:
-        req = ExecRequest(
-            argv=("git", "-C", self.workspace, *args),
-            cwd=None,
-            env={},
-            stdin=None,
-            timeout_s=GIT_TIMEOUT_S,
-            max_output_bytes=1 << 20,
-        )
-        try:
-            res = await run_command(self.reaper, req, self.env)
-        except Exception as e:
-            return 127, "", str(e)
-        return (
-            res.exit_code,
-            res.stdout.decode(errors="replace"),
-            res.stderr.decode(errors="replace"),
-        )
-
-
-async def record(
-    reaper: ChildReaper,
-    env: Mapping[str, str],
-    workspace: Path | None,
-    manifests: tuple[Path, ...],
-) -> Pristine:
-    commit = branch = None
-    if workspace is not None:
-        git = Git(reaper, env, str(workspace))
-        code, out, _ = await git("rev-parse", "--verify", "HEAD")
-        if code == 0:
-            commit = out.strip()
-            code, out, _ = await git("symbolic-ref", "--quiet", "--short", "HEAD")
-            branch = out.strip() if code == 0 else None
-    return Pristine(
-        workspace=str(workspace) if workspace else None,
-        commit=commit,
-        branch=branch,
-        manifests={str(p): file_digest(p) for p in manifests},
-    )
-
-
+# -- processes ----------------------------------------------------------------------
 def _ancestors() -> set[int]:
     out, pid = set(), os.getpid()
     while pid > 1:
@@ -149,7 +75,7 @@ def owns_pid_namespace() -> bool:
 
 def foreign_processes() -> list[int]:
     """The processes reset kills: every live process of the sandbox except
-    PID 1, the daemon and its ancestors (the frozen bootloaders)."""
+    PID 1, the daemon and its ancestors."""
     if owns_pid_namespace():
         keep = _ancestors()
         candidates = [int(e) for e in os.listdir("/proc") if e.isdigit() and int(e) not in keep]
@@ -166,8 +92,13 @@ def foreign_processes() -> list[int]:
     return out
 
 
+# -- temp dirs ----------------------------------------------------------------------
+def _kept(real: str, keep_real: set[str]) -> bool:
+    return any(real == k or k.startswith(real.rstrip("/") + "/") for k in keep_real)
+
+
 def clear_dir(d: Path, keep: tuple[Path, ...]) -> list[str]:
-    """Remove a temp dir's contents (not the dir); returns what failed."""
+    """Remove a temp dir's contents (not the dir), sparing what holds ``keep``."""
     failed = []
     keep_real = {os.path.realpath(k) for k in keep}
     try:
@@ -175,42 +106,125 @@ def clear_dir(d: Path, keep: tuple[Path, ...]) -> list[str]:
     except FileNotFoundError:
         return []
     for e in entries:
-        real = os.path.realpath(e.path)
-        if any(real == k or k.startswith(real + "/") for k in keep_real):
+        if _kept(os.path.realpath(e.path), keep_real):
             continue
         try:
-            if e.is_dir(follow_symlinks=False):
-                shutil.rmtree(e.path)
-            else:
-                os.unlink(e.path)
+            remove(e.path)
         except OSError as err:
             failed.append(f"{e.path}: {err.strerror}")
     return failed
 
 
+def leftovers(d: Path, keep: tuple[Path, ...]) -> list[str]:
+    keep_real = {os.path.realpath(k) for k in keep}
+    try:
+        return [e.path for e in os.scandir(d) if not _kept(os.path.realpath(e.path), keep_real)]
+    except FileNotFoundError:
+        return []
+
+
+# -- reset ------------------------------------------------------------------------------
 @dataclass
 class ResetReport:
     clean: bool
     drift: list[str]
     actions: list[str]
     duration_ms: float
+    pristine: dict[str, Any] | None = field(default=None)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
-async def reset(
-    reaper: ChildReaper,
-    env: Mapping[str, str],
-    pristine: Pristine,
-    temp_dirs: tuple[Path, ...],
-    keep: tuple[Path, ...],
-) -> ResetReport:
+def _split(diff: Diff, prefix: str) -> tuple[Diff, Diff]:
+    """(the part of a diff under ``prefix``, the rest)."""
+
+    def under(rel: str) -> bool:
+        return rel == prefix or rel.startswith(prefix + "/")
+
+    a, b = Diff(), Diff()
+    for name in ("extra", "missing", "changed", "caches"):
+        items = getattr(diff, name)
+        getattr(a, name).extend(x for x in items if under(x))
+        getattr(b, name).extend(x for x in items if not under(x))
+    return a, b
+
+
+def _restore_and_verify(
+    pristine: Pristine, skip: frozenset[tuple[int, int]]
+) -> tuple[list[str], list[str]]:
+    """(actions, drift): restore the trees that are restored, clean caches in
+    the others, then compare every tree with the record again."""
+    rec = pristine.record()
+    actions: list[str] = []
+    drift: list[str] = list(rec.notes)
+    store: ObjectStore | None = None
+
+    def objects() -> ObjectStore | None:
+        nonlocal store
+        if store is None and rec.objects_dir:
+            store = ObjectStore(Path(rec.objects_dir), rec.hash_name)
+        return store
+
+    try:
+        # Repository first (a repository outside the workspace, then the
+        # workspace's .git), so blobs are read from the pristine object store.
+        ordered = sorted(rec.trees, key=lambda t: (t.name != "git", t.name))
+        for t in ordered:
+            known = pristine.known.get(t.root)
+            try:
+                diff = compare(t.root, t.entries, rec.hash_name, skip, WALK_LIMIT, known)
+            except TooLarge as e:
+                drift.append(f"{t.name} {t.root} cannot be verified: {e}")
+                continue
+            if t.restore:
+                repo = _repo_prefix(rec, t)
+                parts = list(_split(diff, repo)) if repo else [Diff(), diff]
+                done, failures = 0, []
+                for part in parts:
+                    n, f = restore_tree(t, part, rec, objects() if part is parts[1] else None)
+                    done, failures = done + n, failures + f
+                if done:
+                    actions.append(f"restored {done} entr{'y' if done == 1 else 'ies'} of {t.root}")
+                drift += failures[:20]
+            elif diff.caches:
+                for rel in top_level(diff.caches):
+                    with contextlib.suppress(OSError):
+                        remove(os.path.join(t.root, rel))
+                actions.append(f"removed {len(diff.caches)} changed bytecode cache(s) in {t.root}")
+        # Verify, independently of what the steps above reported.
+        for t in rec.trees:
+            known = pristine.known.setdefault(t.root, {})
+            try:
+                diff = compare(t.root, t.entries, rec.hash_name, skip, WALK_LIMIT, known)
+            except TooLarge as e:
+                drift.append(f"{t.name} {t.root} cannot be verified: {e}")
+                continue
+            known.update(diff.rechecked)
+            drift += describe(diff, f"{t.name} {t.root}")
+    finally:
+        if store is not None:
+            store.close()
+    return actions, drift
+
+
+def _repo_prefix(rec: Record, tree: Any) -> str | None:
+    """The repository's path inside the workspace tree ('.git'), if it is there."""
+    if tree.name != "workspace" or not rec.git_dir or not rec.workspace:
+        return None
+    rel = os.path.relpath(os.path.realpath(rec.git_dir), os.path.realpath(rec.workspace))
+    return None if rel.startswith("..") else rel
+
+
+async def reset(st: DaemonState) -> ResetReport:
     t0 = time.monotonic()
+    loop = asyncio.get_running_loop()
+    reaper: ChildReaper = st.reaper
     actions: list[str] = []
     drift: list[str] = []
 
-    # 1. Processes: everything but PID 1 and the daemon's own chain.
+    # 1. Processes: everything but PID 1 and the daemon's own chain. MUST come
+    # first: a process left running could change a tree after it was restored.
     victims = foreign_processes()
     for pid in victims:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -222,73 +236,45 @@ async def reset(
         reaper.reap()
         await asyncio.sleep(0.02)
 
-    # 2. The git workspace, back to the commit recorded at first use.
-    if pristine.workspace and pristine.commit:
-        git = Git(reaper, env, pristine.workspace)
-        steps: list[tuple[str, ...]] = []
-        if pristine.branch:
-            steps.append(("checkout", "--force", "-B", pristine.branch, pristine.commit))
-        else:
-            steps.append(("checkout", "--force", "--detach", pristine.commit))
-        steps += [("reset", "--hard", pristine.commit), ("clean", "-ffdx"), ("stash", "clear")]
-        for step in steps:
-            code, _, err = await git(*step)
-            if code != 0:
-                drift.append(f"git {' '.join(step)} failed: {err.strip()[:300]}")
-        actions.append(f"restored {pristine.workspace} to {pristine.commit[:12]}")
+    pristine = st.pristine
+    skip = skip_ids(st)
+    keep: tuple[Path, ...] = (st.config.daemon_dir,)
+    if pristine is not None and pristine.invalid:
+        drift.append(
+            f"{pristine.invalid}; this sandbox's pristine state cannot be verified: replace it"
+        )
+    elif pristine is not None:
+        if pristine.pending is not None:
+            await pristine.pending  # the packs' digests, hashed after start-up
+        # 2. The record on disk must still be the one in memory.
+        line = await loop.run_in_executor(
+            None, pristine.check_disk, record_path(st), st.pristine_key
+        )
+        if line:
+            drift.append(line)
+        rec_roots = tuple(Path(t.root) for t in pristine.record().trees)
+        keep += rec_roots
 
-    # 3. Temp dirs.
-    for d in temp_dirs:
-        for failure in clear_dir(d, keep):
-            drift.append(f"temp not cleared: {failure}")
-    actions.append(f"cleared {', '.join(map(str, temp_dirs))}")
+    # 3. Temp dirs (sparing recorded trees and the daemon's dir inside them).
+    def clear() -> list[str]:
+        return [f"temp not cleared: {f}" for d in st.config.temp_dirs for f in clear_dir(d, keep)]
 
-    # 4. Verify, independently of what the steps above reported.
-    drift += await verify(reaper, env, pristine, temp_dirs, keep)
-    return ResetReport(not drift, drift, actions, (time.monotonic() - t0) * 1000)
+    drift += await loop.run_in_executor(None, clear)
+    actions.append(f"cleared {', '.join(map(str, st.config.temp_dirs))}")
 
+    # 4. Restore the recorded trees and verify every one of them.
+    if pristine is not None and not pristine.invalid:
+        done, found = await loop.run_in_executor(None, _restore_and_verify, pristine, skip)
+        actions += done
+        drift += found
 
-async def verify(
-    reaper: ChildReaper,
-    env: Mapping[str, str],
-    pristine: Pristine,
-    temp_dirs: tuple[Path, ...],
-    keep: tuple[Path, ...],
-) -> list[str]:
-    drift: list[str] = []
+    # 5. Nothing may have survived, and the temp dirs stay empty.
     left = foreign_processes()
     if left:
         drift.append(f"{len(left)} process(es) survived: pids {left[:10]}")
-    if pristine.workspace and pristine.commit:
-        git = Git(reaper, env, pristine.workspace)
-        code, out, err = await git("rev-parse", "--verify", "HEAD")
-        if code != 0:
-            drift.append(f"workspace HEAD unreadable: {err.strip()[:300]}")
-        elif out.strip() != pristine.commit:
-            drift.append(f"workspace HEAD is {out.strip()[:12]}, not {pristine.commit[:12]}")
-        code, out, err = await git("status", "--porcelain", "--ignored", "--untracked-files=all")
-        if code != 0:
-            drift.append(f"git status failed: {err.strip()[:300]}")
-        elif out.strip():
-            lines = out.strip().splitlines()
-            drift.append(f"workspace not clean: {len(lines)} change(s), e.g. {lines[:3]}")
-    elif pristine.workspace:
-        drift.append(f"workspace {pristine.workspace} had no git commit at first use")
-    for path, digest in pristine.manifests.items():
-        now = file_digest(Path(path))
-        if now != digest:
-            drift.append(f"dependency manifest {path} changed ({digest[:12]} -> {now[:12]})")
-    keep_real = {os.path.realpath(k) for k in keep}
-    for d in temp_dirs:
-        with contextlib.suppress(FileNotFoundError):
-            extra = [
-                e.path
-                for e in os.scandir(d)
-                if not any(
-                    k == os.path.realpath(e.path) or k.startswith(os.path.realpath(e.path) + "/")
-                    for k in keep_real
-                )
-            ]
-            if extra:
-                drift.append(f"{d} not empty: {extra[:3]}")
-    return drift
+    for d in st.config.temp_dirs:
+        extra = await loop.run_in_executor(None, leftovers, d, keep)
+        if extra:
+            drift.append(f"{d} not empty: {extra[:3]}")
+    info = pristine.info() if pristine is not None else None
+    return ResetReport(not drift, drift, actions, (time.monotonic() - t0) * 1000, info)

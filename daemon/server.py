@@ -74,7 +74,10 @@ class App:
     activity is counted and metrics are recorded.
     """
 
-    def __init__(self, config: DaemonConfig, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, config: DaemonConfig, env: dict[str, str] | None = None, *, guard_memory: bool = False
+    ) -> None:
+        self.guard_memory = guard_memory  # the serving process only, not in-process tests
         base_env = base_environment(
             env if env is not None else dict(os.environ), str(config.daemon_dir)
         )
@@ -168,27 +171,21 @@ class App:
         """Everything before the first request: MUST finish before listening, or
         an early exec could change the workspace before its pristine record."""
         st = self.state
+        # Before any thread exists: the kernel clears the dumpable flag of the
+        # whole process (selfguard.py), keeping its memory from its children.
+        if self.guard_memory:
+            from sandman.daemon.selfguard import make_undumpable
+
+            make_undumpable()
         st.stop_requested = asyncio.Event()
         st.reaper.start(asyncio.get_running_loop())
         Path(scratch_dir(st.config)).mkdir(parents=True, exist_ok=True)
-        pristine_file = st.config.daemon_dir / "pristine.json"
-        workspace = default_workspace(st.config)
-        if workspace is not None or st.config.manifest_files:
-            # Imported only where there is something to record: reset's module
-            # (git, hashing) is not needed to serve the first request.
-            from sandman.daemon.reset import Pristine, record
+        # The pristine record (workspace, named files, the image's Python):
+        # loaded if a previous run left it, else taken now (an image with
+        # nothing to record imports none of reset's modules).
+        from sandman.daemon.firstuse import prepare
 
-            # Recorded once per sandbox: a restarted daemon must keep comparing
-            # with the state the sandbox started in, not with what the agent left.
-            st.pristine = Pristine.load(pristine_file)
-            if st.pristine is None:
-                st.pristine = await record(
-                    st.reaper, st.base_env, workspace, st.config.manifest_files
-                )
-                try:
-                    st.pristine.save(pristine_file)
-                except OSError as e:
-                    log.warning("cannot persist the pristine record to %s: %s", pristine_file, e)
+        st.pristine = await prepare(st, default_workspace(st.config))
         st.started = True
         st.start_supervised()
 
@@ -243,7 +240,7 @@ def exit_status(code: int | None) -> int:
 
 
 async def _serve(config: DaemonConfig) -> int:
-    app = create_app(config)
+    app = App(config, guard_memory=True)
     st = app.state
     await app.startup()
     server = HTTPServer(app.dispatch)

@@ -19,8 +19,8 @@ from sandman.daemon.paths import PathPolicy
 from sandman.daemon.sessions import Sessions
 from sandman.daemon.status import Activity
 
-if TYPE_CHECKING:  # reset's module is imported only when a reset or record runs
-    from sandman.daemon.reset import Pristine
+if TYPE_CHECKING:  # reset's modules are imported only when a reset or record runs
+    from sandman.daemon.pristine import Pristine
 
 log = logging.getLogger("sandmand")
 
@@ -37,6 +37,7 @@ class DaemonState:
     activity: Activity
     version: str = __version__
     pristine: Pristine | None = None
+    pristine_key: bytes = b""  # HMAC key of the record on disk (reset.prepare)
     started: bool = False  # startup finished (pristine recorded, command started)
     stopping: bool = False
     # Set by SIGTERM/SIGINT, or by the supervised command's exit under

@@ -129,6 +129,31 @@ def _text(value: object, field: str) -> str:
     return value
 
 
+MAX_MANIFESTS = 64  # paths in sandman.dev/manifests; each is walked at start and per reset
+_MAX_MANIFESTS_LEN = 16384
+
+
+def parse_manifests(value: object, *, field: str = ANN_MANIFESTS) -> tuple[str, ...]:
+    """sandman.dev/manifests: absolute paths of files or directories that
+    /v1/reset verifies by content, separated by commas or newlines."""
+    if value is None or value == "":
+        return ()
+    if not isinstance(value, str):
+        raise ContractError(f"{field}: expected a string, got {type(value).__name__}")
+    if len(value) > _MAX_MANIFESTS_LEN:
+        raise ContractError(f"{field}: longer than {_MAX_MANIFESTS_LEN} characters")
+    paths = [p.strip() for p in re.split(r"[,\n]", value) if p.strip()]
+    if len(paths) > MAX_MANIFESTS:
+        raise ContractError(f"{field}: {len(paths)} paths, at most {MAX_MANIFESTS}")
+    for p in paths:
+        if not p.startswith("/") or "\0" in p or ".." in p.split("/"):
+            raise ContractError(
+                f"{field}: {p[:100]!r} is not an absolute path without '..' "
+                "(e.g. /app/requirements.lock,/usr/local/lib/python3.11/site-packages)"
+            )
+    return tuple(paths)
+
+
 def parse_duration(value: str, *, field: str = "duration") -> dt.timedelta:
     """Go-style durations: "90m", "1h30m", "45s", "2d", "1.5h". Positive, at most 3650d."""
     text = _text(value, field).strip(" ")

@@ -70,10 +70,18 @@ class Daemon:
         return self.ok("POST", "/v1/exec", {"cmd": cmd, **fields})
 
 
-def start_daemon(root: Path, *extra: str, env: dict[str, str] | None = None) -> Daemon:
+def start_daemon(
+    root: Path,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    wrapper: tuple[str, ...] = (),
+) -> Daemon:
+    """``wrapper``: a command that execs the daemon (e.g. setpriv, dropping
+    capabilities for the daemon and so for everything it runs)."""
     port = free_port()
     (root / "d").mkdir(parents=True, exist_ok=True)
     argv = [
+        *wrapper,
         sys.executable,
         "-m",
         "sandman.daemon",
@@ -82,6 +90,9 @@ def start_daemon(root: Path, *extra: str, env: dict[str, str] | None = None) -> 
         f"--token-sha256={TOKEN_SHA256}",
         f"--daemon-dir={root / 'd'}",
         "--grace=2",
+        # Not the host's Python trees (the image's, in a sandbox): tests that
+        # check them pass their own.
+        "--python-dirs=none",
         *extra,
     ]
     proc = subprocess.Popen(
