@@ -19,6 +19,7 @@ from sandman.contract import (
     ANN_EXPIRES_AT,
     ANN_IDLE_TIMEOUT,
     ANN_INJECTED,
+    ANN_MANIFESTS,
     ANN_TOKEN_SHA256,
     ANN_TTL,
     ANN_WORKSPACE,
@@ -30,6 +31,7 @@ from sandman.contract import (
     DAEMON_SHARED_MOUNT,
     DAEMON_SHARED_VOLUME,
     DAEMON_VOLUME,
+    ENV_MANIFESTS,
     ENV_TMPDIR_ORIG,
     ENV_TOKEN_SHA256,
     ENV_WORKSPACE,
@@ -41,6 +43,7 @@ from sandman.contract import (
     format_time,
     is_token_hash,
     parse_duration,
+    parse_manifests,
 )
 from sandman.kube_async import escape_pointer
 from sandman.quantity import parse_quantity
@@ -59,7 +62,7 @@ from sandman.webhook.rewrite import target_index as _target
 
 VOLUME = DAEMON_VOLUME
 INIT_CONTAINER = DAEMON_INIT_CONTAINER
-OUR_ENV = (ENV_TOKEN_SHA256, ENV_WORKSPACE, ENV_TMPDIR_ORIG)
+OUR_ENV = (ENV_TOKEN_SHA256, ENV_WORKSPACE, ENV_TMPDIR_ORIG, ENV_MANIFESTS)
 SA_VOLUME_PREFIX = "kube-api-access-"  # what the ServiceAccount admission plugin adds
 
 # The install step copies the daemon's ~14 MB runtime tree once (~0.05
@@ -410,6 +413,13 @@ def _rewrite_container(
     ours = [{"name": ENV_TOKEN_SHA256, "value": token_hash}]
     if ann.get(ANN_WORKSPACE):
         ours.append({"name": ENV_WORKSPACE, "value": ann[ANN_WORKSPACE]})
+    if ann.get(ANN_MANIFESTS):
+        try:  # files /v1/reset verifies by content
+            manifests = parse_manifests(ann[ANN_MANIFESTS])
+        except ContractError as e:
+            raise MutationError(str(e)) from None
+        if manifests:
+            ours.append({"name": ENV_MANIFESTS, "value": ",".join(manifests)})
     m.op("add", f"{base}/env", kept + ours)
 
     mounts = c.get("volumeMounts")
