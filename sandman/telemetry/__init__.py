@@ -9,6 +9,10 @@
   (``[otel]``); nothing is imported and nothing costs when it is not.
 - ``sdkmetrics``: the pool manager's claim latency and create budget on an
   optional metrics endpoint of the SDK process (``SANDMAN_METRICS_LISTEN``).
+- ``promql``: the metric names a PromQL expression reads (checks the
+  dashboard and alerts in manifests/monitoring/ against live scrapes).
+- ``render``: the dashboard drawn from query results with matplotlib
+  (``[plot]``), for docs/observability.md.
 
 This package itself imports only the standard library: the SDK imports it.
 """

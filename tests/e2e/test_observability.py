@@ -10,9 +10,11 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from sandman.client import Sandbox, SandmanClient
+from sandman.contract import DAEMON_PORT
 from sandman.harness.cluster.local import LocalCluster
 from sandman.harness.cluster.node import RealNode
 from sandman.telemetry.promql import dashboard_exprs, metric_names, sample_names
@@ -48,7 +50,13 @@ async def test_a_sandbox_start_is_traced_and_its_daemon_exports_the_dashboards_m
         )
         try:
             assert (await sb.exec(["true"])).exit_code == 0
-            daemon_text = (await sb._call("GET", "/metrics")).decode()
+            # Straight at the pod, as Prometheus would (the host is on the pod bridge).
+            token = await client.token_for(sb.namespace, sb.id)
+            url = f"http://{sb.ip}:{DAEMON_PORT}/metrics"
+            headers = {"Authorization": f"Bearer {token}"}
+            async with aiohttp.ClientSession() as http, http.get(url, headers=headers) as r:
+                assert r.status == 200
+                daemon_text = await r.text()
         finally:
             await sb.release()
         # Closing the client waits for the trace (one Event list) and flushes it.
