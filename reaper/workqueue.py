@@ -93,5 +93,10 @@ class DelayQueue:
                 return key
             self._wake.clear()
             timeout = (self._heap[0][0] - self._clock()) if self._heap else None
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a
+            # cancellation that lands while the event it waits on is being set
+            # (every getter wakes on one add), and a swallowed cancel kept the
+            # reaper's workers, and so the process, from ever stopping.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()

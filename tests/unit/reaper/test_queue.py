@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -71,3 +72,21 @@ def test_token_bucket() -> None:
     assert b.try_take() and not b.try_take()
     c.t += 100  # refills to the burst, not beyond
     assert sum(b.try_take() for _ in range(10)) == 3
+
+
+@pytest.mark.parametrize("iterations", [0, 1, 2, 3])
+async def test_getters_stop_when_cancelled_while_an_add_wakes_them(iterations: int) -> None:
+    # The reaper stopping (its workers cancelled) just as a pod event adds a
+    # key: asyncio.wait_for of Python 3.11 swallowed the cancellation and the
+    # workers waited for the next due key, an hour away; the process hung.
+    q = DelayQueue(time.monotonic)
+    q.add_at("far", time.monotonic() + 3600)
+    getters = [asyncio.ensure_future(q.get()) for _ in range(8)]
+    await asyncio.sleep(0)
+    q.add_at("sooner", time.monotonic() + 1800)  # wakes every getter
+    for _ in range(iterations):
+        await asyncio.sleep(0)
+    for g in getters:
+        g.cancel()
+    done, pending = await asyncio.wait(getters, timeout=5)
+    assert not pending and all(g.cancelled() for g in done)
