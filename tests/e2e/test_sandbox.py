@@ -16,6 +16,7 @@ from sandman.contract import LABEL_ID, LABEL_SANDBOX
 from sandman.harness.cluster.node import RealNode
 from sandman.harness.kube import raw
 from sandman.harness.testing import wait_for, wait_ready
+from tests.e2e.runtimes import RUNTIME_PROBE, assert_runs_under
 
 
 def namespace_key(core: CoreV1Api, ns: str) -> bytes:
@@ -44,13 +45,18 @@ def call(ip: str, token: str, path: str, body: Any) -> tuple[int, Any]:
         return e.code, json.loads(e.read())
 
 
-@pytest.mark.parametrize("image_name", ["tiny", "swe"])
+@pytest.mark.parametrize(
+    ("image_name", "runtime"),
+    [("tiny", "runc"), ("swe", "runc"), ("tiny", "gvisor")],
+    indirect=["runtime"],
+)
 def test_labeled_pod_of_unmodified_image_runs_commands_with_its_token(
     real_node: RealNode,
     core: CoreV1Api,
     namespace: str,
     images: dict[str, str],
     image_name: str,
+    runtime: str,
 ) -> None:
     pods = []
     for name in ("a", "b"):
@@ -75,6 +81,9 @@ def test_labeled_pod_of_unmodified_image_runs_commands_with_its_token(
 
     status, r = call(ip_a, token_a, "/v1/exec", {"cmd": "echo $((40+2)) from $(hostname)"})
     assert status == 200 and r["stdout"] == "42 from a\n", r
+    status, r = call(ip_a, token_a, "/v1/exec", {"cmd": RUNTIME_PROBE})
+    assert status == 200, r
+    assert_runs_under(runtime, r["stdout"])
     if image_name == "swe":
         status, r = call(
             ip_a, token_a, "/v1/exec", {"cmd": ["python3", "-m", "unittest"], "cwd": "/work/repo"}

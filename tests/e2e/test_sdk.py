@@ -18,6 +18,7 @@ from sandman.harness.cluster.local import LocalCluster
 from sandman.harness.cluster.node import RealNode
 from sandman.harness.images.recipes import SWE_BUGGY_LINE, SWE_FIXED_LINE
 from sandman.kube_async import PODS, ApiError
+from tests.e2e.runtimes import RUNTIME_PROBE, assert_runs_under
 
 REAL = {"sandman.dev/node-kind": "real"}
 
@@ -32,13 +33,26 @@ async def sdk(
         yield client
 
 
-@pytest.mark.parametrize("image_name", ["tiny", "swe"])
+# Every image with both transports under runc; gVisor (RuntimeClass gvisor,
+# required by a policy rule: tests/e2e/runtimes.py) with the Debian image.
+@pytest.mark.parametrize(
+    ("image_name", "runtime", "sdk"),
+    [
+        ("tiny", "runc", "direct"),
+        ("tiny", "runc", "proxy"),
+        ("swe", "runc", "direct"),
+        ("swe", "runc", "proxy"),
+        ("swe", "gvisor", "direct"),
+    ],
+    indirect=["runtime", "sdk"],
+)
 async def test_create_exec_files_reset_release(
-    sdk: SandmanClient, images: dict[str, str], image_name: str
+    sdk: SandmanClient, images: dict[str, str], image_name: str, runtime: str
 ) -> None:
     async with await Sandbox.create(
         sdk, images[image_name], node_selector=REAL, command=["sleep", "3600"], ttl="30m"
     ) as sb:
+        assert_runs_under(runtime, (await sb.exec(RUNTIME_PROBE)).stdout)
         r = await sb.exec("echo $((2+3)) $(hostname)")
         assert (r.exit_code, r.stdout) == (0, f"5 {sb.name}\n")
         assert sb.timings.phases()["ttfc_s"] is not None
