@@ -16,32 +16,30 @@ from sandman.daemon.errors import BadRequest
 from sandman.daemon.output import Capture, encode, feed, pump
 from sandman.daemon.requests import ExecRequest
 
-# Variables the frozen bootloaders set for themselves, and our own secrets:
-# never passed to commands.
-SCRUBBED_PREFIXES = ("_PYI_", "STATICX_", "_MEI", "SANDMAN_TOKEN")
-SCRUBBED = {"LD_LIBRARY_PATH", "LD_LIBRARY_PATH_ORIG", "PYTHONHOME", "PYTHONPATH", "TMPDIR"}
-# The webhook points TMPDIR at the daemon's dir (both bootloaders unpack
-# there) and keeps an image-defined TMPDIR here, to hand back to commands.
+# Our own secrets: never passed to commands.
+SCRUBBED_PREFIXES = ("SANDMAN_TOKEN",)
 
 
 def base_environment(env: Mapping[str, str], daemon_dir: str = "/.sandman") -> dict[str, str]:
     """The container's environment as the image defined it, for commands.
 
-    PyInstaller's bootloader points LD_LIBRARY_PATH at its extraction dir
-    (keeping the original in LD_LIBRARY_PATH_ORIG): commands must get the
-    image's own value back, not libraries of ours. Likewise TMPDIR.
+    Passed on unchanged, LD_LIBRARY_PATH, PYTHONPATH and PYTHONHOME included:
+    the runtime tree sets none of them (the daemon finds its libraries through
+    DT_RPATH and ignores PYTHON* with -I), so whatever is there is the image's
+    and its commands need it. Removed: the token's hash (ours). A TMPDIR inside
+    the daemon's directory (what webhooks before the runtime tree set, with
+    the image's value kept in SANDMAN_TMPDIR_ORIG) is handed back as the
+    image's own value: commands cannot write into the daemon's directory.
     """
     out = {
-        k: v
-        for k, v in env.items()
-        if k not in SCRUBBED and not k.startswith(SCRUBBED_PREFIXES) and k != ENV_TMPDIR_ORIG
+        k: v for k, v in env.items() if not k.startswith(SCRUBBED_PREFIXES) and k != ENV_TMPDIR_ORIG
     }
-    if "LD_LIBRARY_PATH_ORIG" in env:
-        out["LD_LIBRARY_PATH"] = env["LD_LIBRARY_PATH_ORIG"]
-    tmpdir = env.get(ENV_TMPDIR_ORIG) or env.get("TMPDIR")
     own = daemon_dir.rstrip("/")
-    if tmpdir and tmpdir != own and not tmpdir.startswith(own + "/"):
-        out["TMPDIR"] = tmpdir
+    tmpdir = env.get("TMPDIR")
+    if tmpdir is not None and (tmpdir == own or tmpdir.startswith(own + "/")):
+        del out["TMPDIR"]
+        if env.get(ENV_TMPDIR_ORIG):
+            out["TMPDIR"] = env[ENV_TMPDIR_ORIG]
     out.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
     return out
 

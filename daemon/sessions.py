@@ -4,6 +4,12 @@ Each run sources a script file in a long-lived shell (so a command cannot eat
 the next one from the shell's stdin), then the shell prints a per-run random
 marker with the exit code and working directory on stdout and stderr; output
 up to the marker is the run's. Runs in one session are serialised.
+
+The script is sourced through a descriptor (``. /dev/fd/3 3< SCRIPT``), so
+the shell's own messages name ``/dev/fd/3`` with line numbers counted from
+the run's first line (``/dev/fd/3: line 2: foo: command not found``): never
+the daemon's internal directory, nor the session's random id, and the same
+for the same command in every session (seeded replays compare equal).
 """
 
 from __future__ import annotations
@@ -29,6 +35,22 @@ from sandman.daemon.requests import RunRequest, SessionRequest
 # print its marker; a shell busy in a builtin loop (`while :; do :; done`)
 # never will, and is then killed with its session.
 MARKER_GRACE_S = 1.0
+# The descriptor each run's script is sourced through (one digit: dash and
+# busybox ash take no more in a redirection). Commands inherit it for the
+# run's duration: a read-only descriptor of their own script.
+SCRIPT_FD = 3
+
+
+def script_source_path(fd: int = SCRIPT_FD) -> str | None:
+    """A path that reopens descriptor ``fd`` of the shell itself, or None.
+
+    Container runtimes create ``/dev/fd`` (-> /proc/self/fd); a bare chroot
+    may only have /proc, or neither (then runs source the script's own path).
+    """
+    for base in ("/dev/fd", "/proc/self/fd"):
+        if os.path.isdir(base):
+            return f"{base}/{fd}"
+    return None
 
 
 class _MarkerStream:
@@ -73,10 +95,19 @@ class Session:
     created: float
     cwd: str
     runs: int = 0
+    # What the shell sources each run's script as (script_source_path()).
+    source: str | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _out: _MarkerStream | None = None
     _err: _MarkerStream | None = None
     _pumps: list[asyncio.Task[None]] = field(default_factory=list)
+
+    @property
+    def source_path(self) -> str:
+        if self.source is not None:
+            return self.source
+        # No /dev/fd nor /proc: the script's own path (messages then name it).
+        return shlex.quote(str(self.workdir / f"run-{self.runs}.sh"))
 
     @property
     def alive(self) -> bool:
@@ -131,7 +162,8 @@ class Session:
             stdin_path = str(stdin_file)
         m = marker.decode()
         line = (
-            f". {shlex.quote(str(script))} < {shlex.quote(stdin_path)}; "
+            f"{{ . {self.source_path}; }} {SCRIPT_FD}< {shlex.quote(str(script))}"
+            f" < {shlex.quote(stdin_path)}; "
             f'__sandman_rc=$?; printf \'\\n{m} %d %s\\n\' "$__sandman_rc" "$PWD"; '
             f"printf '\\n{m}\\n' >&2\n"
         )
@@ -265,7 +297,7 @@ class Sessions:
             child = spawn(self._reaper, [shell], cwd=cwd, env=env, stdin=True)
         except OSError as e:
             raise BadRequest(f"cannot start {shell}: {e.strerror}") from None
-        session = Session(sid, shell, child, workdir, time.time(), cwd)
+        session = Session(sid, shell, child, workdir, time.time(), cwd, source=script_source_path())
         assert child.stdout is not None and child.stderr is not None
         session._pumps = [
             asyncio.ensure_future(pump(child.stdout, session._route("stdout"))),

@@ -7,11 +7,11 @@ import concurrent.futures as cf
 import json
 import os
 import socket
-import time
 from pathlib import Path
 
 import pytest
 
+from sandman.harness.testing import wait_for
 from tests.unit.daemon.helpers import Daemon
 
 pytestmark = pytest.mark.daemon_process
@@ -68,24 +68,40 @@ def test_exec_argv_shell_cwd_env_stdin(daemon: Daemon, tmp_path: Path) -> None:
     assert r["duration_ms"] > 0 and r["timed_out"] is False
 
 
-def test_token_never_reaches_commands(tmp_path: Path) -> None:
+def test_token_never_reaches_commands_and_the_images_env_does(tmp_path: Path) -> None:
     from tests.unit.daemon.helpers import start_daemon, stop_daemon
 
-    env = {
-        "SANDMAN_TOKEN_SHA256": "f" * 64,
-        "LD_LIBRARY_PATH": "/pyi",
-        "_PYI_X": "1",
-        "STATICX_PROG_PATH": "/x",
+    # An image's own library and Python paths are its commands' business: they
+    # reach them unchanged (the runtime tree ignores them: DT_RPATH and -I;
+    # tests/e2e/test_daemon_frozen.py gives the tree PYTHONHOME too, which
+    # this test's daemon, the host's Python, would obey).
+    image_env = {
+        "LD_LIBRARY_PATH": "/opt/image/lib",
+        "PYTHONPATH": "/opt/image/py",
+        "TMPDIR": "/scratch",
         "KEEP_ME": "yes",
     }
+    env = {"SANDMAN_TOKEN_SHA256": "f" * 64, **image_env}
     d = start_daemon(tmp_path, env=env)
     try:
-        out = d.exec(["env"])["stdout"]
+        lines = d.exec(["env"])["stdout"].splitlines()
     finally:
         stop_daemon(d)
-    assert "KEEP_ME=yes" in out
-    for leaked in ("SANDMAN_TOKEN", "LD_LIBRARY_PATH", "_PYI_", "STATICX_"):
-        assert leaked not in out
+    for k, v in image_env.items():
+        assert f"{k}={v}" in lines, (k, lines)
+    assert not [ln for ln in lines if ln.startswith("SANDMAN_TOKEN")]
+
+
+def test_old_webhooks_tmpdir_in_the_daemon_dir_is_handed_back() -> None:
+    from sandman.daemon.commands import base_environment
+
+    old = {"TMPDIR": "/.sandman", "SANDMAN_TMPDIR_ORIG": "/scratch", "A": "1"}
+    assert base_environment(old) == {"TMPDIR": "/scratch", "A": "1", "PATH": ANY_PATH}
+    assert "TMPDIR" not in base_environment({"TMPDIR": "/.sandman/tmp"})
+    assert base_environment({"TMPDIR": "/.sandmanx"})["TMPDIR"] == "/.sandmanx"
+
+
+ANY_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def test_binary_output_is_base64(daemon: Daemon) -> None:
@@ -108,8 +124,9 @@ def test_timeout_kills_the_whole_tree(daemon: Daemon) -> None:
     assert r["timed_out"] is True and r["exit_code"] == -9
     pids = [int(p) for p in r["stdout"].split()]
     assert len(pids) == 2
-    time.sleep(0.3)
-    assert not any(alive(p) for p in pids)
+    # SIGKILL was sent before the answer; dying takes the kernel a moment.
+    # Bounded well under the sleeps' 30 s: a tree left alive fails.
+    wait_for(lambda: not any(alive(p) for p in pids), timeout=10, what="the tree to die")
 
 
 def test_exit_codes_exact_under_load(daemon: Daemon) -> None:
@@ -126,28 +143,35 @@ def test_exit_codes_exact_under_load(daemon: Daemon) -> None:
 def test_orphans_are_reaped(daemon: Daemon) -> None:
     for _ in range(5):
         daemon.exec("sleep 0.1 & exit 0")
-    time.sleep(0.6)
+    # Each orphaned sleep is reaped once it exits; then none is left a zombie.
+    wait_for(
+        lambda: daemon.ok("GET", "/v1/status")["orphans_reaped"] >= 5,
+        timeout=20,
+        what="5 orphans reaped",
+    )
     assert zombie_children(daemon.proc.pid) == []
-    status = daemon.ok("GET", "/v1/status")
-    assert status["orphans_reaped"] >= 5
 
 
 def test_fork_storm_within_limits(daemon: Daemon) -> None:
     # An unusual duration marks this test's processes among all of the host's.
     r = daemon.exec("for i in $(seq 200); do sleep 29.123 & done; wait", timeout_s=1)
     assert r["timed_out"] is True
-    time.sleep(0.5)
-    left = []
-    for e in os.listdir("/proc"):
-        if not e.isdigit():
-            continue
-        try:
-            cmd = Path(f"/proc/{e}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if cmd == b"sleep\x0029.123\x00" and alive(int(e)):
-            left.append(e)
-    assert left == []
+
+    def left() -> list[str]:
+        out = []
+        for e in os.listdir("/proc"):
+            if not e.isdigit():
+                continue
+            try:
+                cmd = Path(f"/proc/{e}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if cmd == b"sleep\x0029.123\x00" and alive(int(e)):
+                out.append(e)
+        return out
+
+    # All were sent SIGKILL; bounded well under their 29 s: survivors fail.
+    wait_for(lambda: not left(), timeout=10, what="the 200 sleeps to die")
     assert daemon.request("GET", "/healthz")[0] == 200
 
 
@@ -185,17 +209,20 @@ def test_client_disconnect_mid_stream_kills_command(daemon: Daemon) -> None:
         got += chunk
     s.close()
 
+    def cmdline(pid: str) -> bytes:
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:  # exited meanwhile
+            return b""
+
     def running() -> bool:
         return any(
-            marker.encode() in Path(f"/proc/{e}/cmdline").read_bytes()
+            marker.encode() in cmdline(e) and alive(int(e))
             for e in os.listdir("/proc")
-            if e.isdigit() and os.path.exists(f"/proc/{e}/cmdline") and alive(int(e))
+            if e.isdigit()
         )
 
-    deadline = time.monotonic() + 5
-    while running() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not running()
+    wait_for(lambda: not running(), timeout=10, what="the command to be killed")
     assert daemon.exec(["true"])["exit_code"] == 0
 
 

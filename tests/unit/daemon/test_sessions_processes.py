@@ -110,3 +110,23 @@ def test_ring_reports_dropped_output(tmp_path: str) -> None:
         assert out["offset"] == out["dropped"] and out["end"] == 10_000_000
     finally:
         stop_daemon(d)
+
+
+def test_session_errors_name_no_internal_path(daemon: Daemon) -> None:
+    # The shell's own messages (command not found, syntax errors) must not
+    # show the daemon's directory or the session's random id, and must read
+    # the same in every session (seeded replays compare runs byte for byte).
+    cmd = "echo ok\nno-such-command-xyz\nif then"
+    seen = []
+    for _ in range(2):
+        s = daemon.ok("POST", "/v1/sessions", {})
+        run = f"/v1/sessions/{s['id']}/run"
+        daemon.ok("POST", run, {"cmd": "true"})  # a second run: line numbers restart
+        r = daemon.ok("POST", run, {"cmd": cmd})
+        assert r["stdout"] == "ok\n" and r["exit_code"] != 0
+        assert "no-such-command-xyz" in r["stderr"] and "line 2" in r["stderr"], r["stderr"]
+        for leak in (str(daemon.root / "d"), "session-", s["id"], "run-"):
+            assert leak not in r["stderr"], r["stderr"]
+        seen.append(r["stderr"])
+        daemon.ok("DELETE", f"/v1/sessions/{s['id']}")
+    assert seen[0] == seen[1]
