@@ -13,6 +13,7 @@ With ``--frozen PATH``, the same for an executable that replaces
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -21,6 +22,7 @@ import subprocess
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,17 +57,26 @@ def _argv(component: str, port: int) -> list[str]:
     return ["sandman", "extender", "serve", *common]
 
 
+def _tree(pid: int) -> list[int]:
+    """``pid`` and all its descendants (a frozen binary runs two bootloaders
+    before Python)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            with contextlib.suppress(OSError):
+                todo += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
 def _rss_kib(pid: int) -> int:
-    # The chroot'ed process and its children (a frozen binary runs a bootloader).
     total = 0
-    pids = [pid]
-    children = Path(f"/proc/{pid}/task/{pid}/children")
-    if children.exists():
-        pids += [int(c) for c in children.read_text().split()]
-    for p in pids:
-        for line in Path(f"/proc/{p}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                total += int(line.split()[1])
+    for p in _tree(pid):
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
     return total
 
 
@@ -75,31 +86,46 @@ def start_once(rootfs: Path, component: str) -> tuple[float, int]:
     url = f"{scheme}://127.0.0.1:{port}/readyz"
     env = {"PATH": "/usr/local/bin:/usr/bin", "PYTHONUTF8": "1", "PYTHONDONTWRITEBYTECODE": "1",
            "TMPDIR": "/tmp", "POD_NAMESPACE": NAMESPACE}  # fmt: skip
-    t0 = time.monotonic()
-    proc = subprocess.Popen(
-        [shutil.which("chroot") or "/usr/sbin/chroot", str(rootfs), *_argv(component, port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        while time.monotonic() - t0 < READY_TIMEOUT_S:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{component} exited {proc.returncode} before ready")
-            try:
-                with urllib.request.urlopen(url, context=insecure_context(), timeout=1) as r:
-                    if r.status == 200:
-                        return time.monotonic() - t0, _rss_kib(proc.pid)
-            except OSError:
-                pass
-            time.sleep(POLL_S)
-        raise RuntimeError(f"{component} not ready within {READY_TIMEOUT_S}s")
-    finally:
-        proc.send_signal(signal.SIGTERM)
+    # Its log to a file: a pipe nobody reads would block the server's logging.
+    with tempfile.TemporaryFile(mode="w+") as log:
+        t0 = time.monotonic()
+        proc = subprocess.Popen(
+            [shutil.which("chroot") or "/usr/sbin/chroot", str(rootfs), *_argv(component, port)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
         try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+            while time.monotonic() - t0 < READY_TIMEOUT_S:
+                if proc.poll() is not None:
+                    log.seek(0)
+                    raise RuntimeError(
+                        f"{component} exited {proc.returncode} before ready:\n{log.read()[-2000:]}"
+                    )
+                try:
+                    with urllib.request.urlopen(url, context=insecure_context(), timeout=1) as r:
+                        if r.status == 200:
+                            return time.monotonic() - t0, _rss_kib(proc.pid)
+                except OSError:
+                    pass
+                time.sleep(POLL_S)
+            raise RuntimeError(f"{component} not ready within {READY_TIMEOUT_S}s")
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+@contextlib.contextmanager
+def _proc_mounted(root: Path) -> Iterator[None]:
+    (root / "proc").mkdir(exist_ok=True)
+    subprocess.run(["mount", "-t", "proc", "proc", str(root / "proc")], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", "-l", str(root / "proc")], check=False)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -132,7 +158,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for component in ("webhook", "reaper", "extender"):
                 times, rss = [], []
                 for _ in range(args.runs):
-                    t, kib = start_once(root, component)
+                    with _proc_mounted(root):  # as in any container (staticx reads it)
+                        t, kib = start_once(root, component)
                     times.append(t)
                     rss.append(kib)
                 key = f"{variant}/{component}"
