@@ -119,9 +119,9 @@ class BackgroundProcesses:
         self._procs: dict[str, Background] = {}
 
     def start(self, req: StartRequest) -> Background:
-        if len(self._procs) >= self._max:
+        if len(self._procs) >= self._max and not self._forget_oldest_finished():
             raise Conflict(
-                f"at most {self._max} background processes; delete finished ones",
+                f"at most {self._max} background processes, all running; delete or stop one",
                 code="too_many",
             )
         if req.cwd and not os.path.isdir(req.cwd):
@@ -169,6 +169,22 @@ class BackgroundProcesses:
         child.exited.add_done_callback(on_exit)
         self._procs[proc.id] = proc
         return proc
+
+    def _forget_oldest_finished(self) -> bool:
+        """Make room at the cap: drop the record of the process that finished
+        first (its output with it). False when every process still runs."""
+        finished = [p for p in self._procs.values() if not p.running]
+        if not finished:
+            return False
+        oldest = min(finished, key=lambda p: p.ended or 0.0)
+        del self._procs[oldest.id]
+        for t in oldest._tasks:
+            t.cancel()
+        if oldest.child.stdin is not None:
+            with contextlib.suppress(OSError):
+                os.close(oldest.child.stdin)
+            oldest.child.stdin = None
+        return True
 
     def get(self, pid: str) -> Background:
         try:

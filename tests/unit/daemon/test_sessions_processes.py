@@ -130,3 +130,28 @@ def test_session_errors_name_no_internal_path(daemon: Daemon) -> None:
         seen.append(r["stderr"])
         daemon.ok("DELETE", f"/v1/sessions/{s['id']}")
     assert seen[0] == seen[1]
+
+
+async def test_at_the_cap_the_oldest_finished_record_makes_room() -> None:
+    import asyncio
+
+    from sandman.daemon.background import Background, BackgroundProcesses
+    from sandman.daemon.children import Child, ChildReaper
+
+    procs = BackgroundProcesses(ChildReaper(), {}, 1024, max_count=3)
+    loop = asyncio.get_running_loop()
+
+    def record(pid: str, ended: float | None) -> Background:
+        b = Background(pid, None, ("x",), Child(0, loop.create_future()), 0.0, {})
+        b.exit_code, b.ended = (None, None) if ended is None else (0, ended)
+        procs._procs[pid] = b
+        return b
+
+    record("running", None)
+    record("late", 20.0)
+    record("early", 10.0)
+    assert procs._forget_oldest_finished() is True
+    assert sorted(procs._procs) == ["late", "running"]
+    assert procs._forget_oldest_finished() is True
+    assert procs._forget_oldest_finished() is False  # only a running one left
+    assert sorted(procs._procs) == ["running"]
