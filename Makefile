@@ -6,7 +6,7 @@ SANDMAN := $(VENV)/bin/sandman
 PYTEST_ARGS ?=
 KWOK_NODES ?= 3
 
-.PHONY: all venv build-kube daemon up down status test test-unit lint bench clean
+.PHONY: all venv build-kube daemon images up down status test test-unit lint bench clean
 
 all: test
 
@@ -27,9 +27,19 @@ build-kube: venv
 daemon: venv
 	$(VENV)/bin/python -m sandman.harness.images.daemon_binary --out dist/sandmand
 
-# A local cluster (real control plane + kwok nodes + a real node) with our images.
+# Sandman's component images (controller, scheduler, daemon) at the release
+# version, into the layer cache; `sandman image push --registry R` pushes them.
+images: venv build-kube
+	$(SANDMAN) image build --no-push controller scheduler daemon
+
+# A local cluster (real control plane + kwok nodes + a real node with kube-proxy,
+# CoreDNS and kube-router) running Sandman in-cluster: the component images are
+# built, pushed to the node's registry and applied through
+# manifests/overlays/local. UP_FLAGS=--host-components runs them as host
+# processes instead (quick iteration, same manifests).
+UP_FLAGS ?=
 up: venv
-	$(SANDMAN) cluster up --real-node --deploy --kwok-nodes $(KWOK_NODES)
+	$(SANDMAN) cluster up --real-node --deploy --kwok-nodes $(KWOK_NODES) $(UP_FLAGS)
 	$(SANDMAN) image build tiny swe
 	$(SANDMAN) demo
 
