@@ -48,6 +48,9 @@ REQUIREMENTS = (
     Requirement("nft", "nftables"),
     # `sandman image push`: registries with auth and TLS.
     Requirement("skopeo", "skopeo"),
+    # The controller image's base layer is made from these (harness/images/pybase.py).
+    Requirement("/usr/bin/python3.11", "python3.11"),
+    Requirement("/etc/ssl/certs/ca-certificates.crt", "ca-certificates"),
 )
 
 
