@@ -8,7 +8,9 @@ never Ready beyond a limit (StuckReclaimed); its container finished (Exited).
 Who owns the pod changes what reclaiming means (the owner's semantics win,
 we never fight a controller):
 
-- bare pod: deleted for every reason.
+- bare pod: deleted for every reason; one that ends with its command
+  (``--exit-with-command``) is kept once finished until its lease ends, so
+  its user can read the exit code and logs, as without Sandman.
 - idle warm-pool pod (controller-owned, state label ``idle``): exempt
   from lease and idleness (waiting is its job; its lease starts at claim);
   stuck is reported, not deleted.
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sandman.contract import (
+    ANN_EXIT_WITH_COMMAND,
     ANN_EXPIRES_AT,
     ANN_IDLE_TIMEOUT,
     LABEL_STATE,
@@ -40,6 +43,9 @@ from sandman.contract import (
     parse_duration,
     parse_time,
 )
+
+# The daemon flag of pods that end with their command (webhook/mutate.py).
+EXIT_FLAG = "--exit-with-command"
 
 # Waiting reasons of a container that will not get better by waiting.
 PULL_FAILURES = frozenset(
@@ -129,6 +135,18 @@ def _waiting(pod: dict[str, Any]) -> list[str]:
     return out
 
 
+def ends_with_command(pod: dict[str, Any]) -> bool:
+    """The pod was meant to finish: the daemon exits with its command."""
+    if annotations(pod).get(ANN_EXIT_WITH_COMMAND) == "true":
+        return True
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        cmd = c.get("command") or []
+        flags = cmd[: cmd.index("--")] if "--" in cmd else cmd
+        if EXIT_FLAG in flags:
+            return True
+    return False
+
+
 def idle_timeout(pod: dict[str, Any]) -> dt.timedelta | None:
     value = annotations(pod).get(ANN_IDLE_TIMEOUT)
     if not value:
@@ -158,9 +176,19 @@ def decide(
 
     # -- exited -------------------------------------------------------------
     if phase in ("Succeeded", "Failed"):
-        if owner is None:
-            return Decision(REASON_EXITED, f"sandbox finished ({phase})", delete=True, deadline=now)
-        return Decision()
+        if owner is not None:
+            return Decision()
+        kept_until = _time(annotations(pod).get(ANN_EXPIRES_AT)) if ends_with_command(pod) else None
+        if kept_until is not None and now < kept_until:
+            # It ran to completion on purpose: its user reads the exit code and
+            # logs as they would without Sandman, until the lease ends.
+            return Decision(next_check=kept_until)
+        return Decision(
+            REASON_EXITED,
+            f"sandbox finished ({phase})",
+            delete=True,
+            deadline=kept_until or now,
+        )
 
     # -- lease --------------------------------------------------------------
     if not pool_idle:

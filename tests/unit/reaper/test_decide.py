@@ -163,3 +163,25 @@ def test_out_of_range_annotations_never_make_the_reaper_raise() -> None:
         p = pod(ann=ann, expires=None)
         d = decide(p, T0 + 10 * 365 * 24 * 3600 * S, LIMITS, idle_since=T0)
         assert d.reason is None, ann
+
+
+def test_a_bare_pod_that_ends_with_its_command_is_kept_until_its_lease_ends() -> None:
+    # Its user reads the exit code and logs, as without Sandman; a sandbox that
+    # merely exited is reclaimed at once.
+    done = pod(phase="Succeeded", ann={"sandman.dev/exit-with-command": "true"})
+    lease_end = dt.datetime(2026, 11, 30, 13, 0, tzinfo=dt.UTC)
+    kept = decide(done, lease_end - S, LIMITS)
+    assert kept.reason is None and kept.next_check == lease_end
+    gone = decide(done, lease_end, LIMITS)
+    assert gone.reason == REASON_EXITED and gone.delete and gone.deadline == lease_end
+    by_flag = pod(phase="Failed")
+    by_flag["spec"] = {
+        "containers": [{"command": ["sandmand", "serve", "--exit-with-command", "--", "x"]}]
+    }
+    assert decide(by_flag, lease_end - S, LIMITS).reason is None
+    after_sep = pod(phase="Failed")  # the flag after "--" is the command's, not the daemon's
+    after_sep["spec"] = {
+        "containers": [{"command": ["sandmand", "serve", "--", "--exit-with-command"]}]
+    }
+    assert decide(after_sep, lease_end - S, LIMITS).reason == REASON_EXITED
+    assert decide(pod(phase="Succeeded"), lease_end - S, LIMITS).reason == REASON_EXITED
