@@ -59,9 +59,21 @@ async def read_json(request: Request, *, optional: bool = False) -> Any:
             return None
         raise BadRequest("a JSON body is required")
     try:
-        return json.loads(data)
-    except (ValueError, UnicodeDecodeError) as e:
+        # UTF-8 only (RFC 8259): json.loads would also guess UTF-16 and -32.
+        # Duplicated keys are refused: which one counts differs between
+        # parsers, so a checked body could run as another.
+        return json.loads(data.decode("utf-8"), object_pairs_hook=_unique_keys)
+    except (ValueError, RecursionError) as e:
         raise BadRequest(f"invalid JSON: {e}", code="invalid_json") from None
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"duplicate key {k!r}")
+        out[k] = v
+    return out
 
 
 def _q_bool(request: Request, name: str) -> bool:

@@ -178,6 +178,10 @@ def open_for_write(
             path.parent.mkdir(parents=True, exist_ok=True)
         if path.is_dir():
             raise BadRequest(f"{path}: is a directory", code="is_dir")
+        if os.path.exists(path) and not path.is_file():
+            # A device, FIFO or socket is not replaced by a file (PUT over
+            # /dev/null would otherwise break every command in the sandbox).
+            raise BadRequest(f"{path} is not a regular file", code="not_a_file")
         if append:
             # O_NONBLOCK: a FIFO without a reader fails (ENXIO) instead of
             # waiting for one; then anything but a regular file is refused.

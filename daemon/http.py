@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qsl, unquote
@@ -78,6 +79,15 @@ REASONS = {
     501: "Not Implemented",
     503: "Service Unavailable",
 }
+
+
+# A chunk size: 1 to 16 hex digits (16 exabytes; anything longer is an attack).
+_CHUNK_SIZE = re.compile(rb"[0-9a-fA-F]{1,16}")
+
+
+class HeadTooLarge(APIError):
+    status = 431
+    code = "head_too_large"
 
 
 class ConnectionClosed(Exception):
@@ -163,13 +173,15 @@ class _Connection(asyncio.Protocol):
         """The next request head (without the blank line); None on a clean EOF."""
         while True:
             i = self.buf.find(b"\r\n\r\n")
+            if i > MAX_HEAD_BYTES:  # a whole but oversized head, arrived at once
+                raise HeadTooLarge("request head too large")
             if i >= 0:
                 head = bytes(self.buf[:i])
                 del self.buf[: i + 4]
                 self._consumed()
                 return head
             if len(self.buf) > MAX_HEAD_BYTES:
-                raise APIError("request head too large", code="head_too_large")
+                raise HeadTooLarge("request head too large")
             try:
                 await self._wait_data()
             except ConnectionClosed:
@@ -269,10 +281,11 @@ class Body:
             if self._chunk_left == 0:
                 line = await self._conn.read_line(1024)
                 size_text = line.split(b";", 1)[0].strip()
-                try:
-                    self._chunk_left = int(size_text, 16)
-                except ValueError:
-                    raise BadRequest("malformed chunked body") from None
+                # Hex digits only: int(x, 16) would also take "-1", "+5",
+                # "0x10" and "1_0", which no sender means as a chunk size.
+                if not _CHUNK_SIZE.fullmatch(size_text):
+                    raise BadRequest("malformed chunked body (chunk size)")
+                self._chunk_left = int(size_text, 16)
                 if self._chunk_left == 0:
                     while await self._conn.read_line(8192):  # trailers, then the blank line
                         pass
@@ -452,7 +465,7 @@ def _parse_head(head: bytes) -> tuple[str, str, str, dict[str, str]]:
     if not method.isalpha() or not target.startswith("/"):
         raise BadRequest(f"malformed request line {lines[0][:100]!r}")
     if len(lines) - 1 > MAX_HEADERS:
-        raise APIError(f"more than {MAX_HEADERS} headers", code="head_too_large")
+        raise HeadTooLarge(f"more than {MAX_HEADERS} headers")
     headers: dict[str, str] = {}
     for line in lines[1:]:
         name, sep, value = line.partition(":")

@@ -8,6 +8,7 @@ never notices.
 from __future__ import annotations
 
 import math
+import os
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,6 +19,19 @@ from sandman.daemon.errors import BadRequest
 from sandman.daemon.output import decode
 
 SHELL = ("/bin/sh", "-c")
+
+
+def os_string(value: str, what: str) -> str:
+    """A string the OS can take as an argument, path or environment entry: no
+    NUL byte, and bytes for every character (a lone surrogate like \\ud800
+    has none; \\udc80-\\udcff stand for undecodable bytes and are fine)."""
+    if "\0" in value:
+        raise BadRequest(f"{what} must not contain NUL bytes")
+    try:
+        os.fsencode(value)
+    except UnicodeEncodeError:
+        raise BadRequest(f"{what} holds characters with no byte encoding: {value[:50]!r}") from None
+    return value
 
 
 def _check_fields(body: Any, allowed: set[str], what: str) -> Mapping[str, Any]:
@@ -35,7 +49,7 @@ def _str(body: Mapping[str, Any], key: str, *, default: str | None = None) -> st
     v = body.get(key, default)
     if v is not None and not isinstance(v, str):
         raise BadRequest(f"{key} must be a string")
-    return v
+    return v if v is None else os_string(v, key)
 
 
 def _num(body: Mapping[str, Any], key: str, default: float, lo: float, hi: float) -> float:
@@ -62,9 +76,11 @@ def _env(body: Mapping[str, Any]) -> dict[str, str]:
         isinstance(k, str) and isinstance(v, str) for k, v in env.items()
     ):
         raise BadRequest("env must be an object of string values")
-    for k in env:
-        if not k or "=" in k or "\0" in k:
+    for k, v in env.items():
+        if not k or "=" in k:
             raise BadRequest(f"invalid environment variable name {k!r}")
+        os_string(k, "an environment variable name")
+        os_string(v, f"environment variable {k}")
     return env
 
 
@@ -73,11 +89,9 @@ def _argv(body: Mapping[str, Any]) -> tuple[str, ...]:
     if isinstance(cmd, str):
         if not cmd.strip():
             raise BadRequest("cmd must not be empty")
-        return (*SHELL, cmd)
+        return (*SHELL, os_string(cmd, "cmd"))
     if isinstance(cmd, list) and cmd and all(isinstance(a, str) for a in cmd):
-        if any("\0" in a for a in cmd):
-            raise BadRequest("cmd arguments must not contain NUL bytes")
-        return tuple(cmd)
+        return tuple(os_string(a, "cmd arguments") for a in cmd)
     raise BadRequest("cmd must be a non-empty list of strings (argv) or a shell string")
 
 
