@@ -160,7 +160,8 @@ def _tar(members: list[dict[str, Any]], gz: bool) -> bytes:
             data = m.get("data", "").encode()
             ti.size = len(data) if ti.type == tarfile.REGTYPE else 0
             ti.linkname = m.get("linkname", "")
-            ti.mode = m.get("mode", 0o644)
+            mode = m.get("mode", 0o644)
+            ti.mode = int(mode, 0) if isinstance(mode, str) else mode  # "0o4755" reads as text
             t.addfile(ti, io.BytesIO(data) if ti.type == tarfile.REGTYPE else None)
     return buf.getvalue()
 
