@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from kubernetes.client import CoreV1Api
 
-from sandman.harness.cluster import hostsetup
+from sandman.harness.cluster import gvisor, hostsetup
 from sandman.harness.cluster.node import RealNode
 from sandman.harness.testing import ClusterBed, real_pod, wait_for, wait_ready
 
@@ -33,14 +33,21 @@ def test_down_leaves_no_mounts_netns_veths_or_processes(
         pytest.skip("takes the real node down: only on the session's own cluster")
     netns_before = netns_names()
     core.create_namespaced_pod(namespace, real_pod("victim", images["tiny"]))
+    # And one under gVisor: runsc leaves processes and a null-netns mount of its own.
+    gv = real_pod("victim-gvisor", images["tiny"])
+    gv["spec"]["runtimeClassName"] = gvisor.RUNTIME_CLASS
+    core.create_namespaced_pod(namespace, gv)
     wait_ready(core, namespace, "victim")
-    assert len(netns_names() - netns_before) == 1
+    wait_ready(core, namespace, "victim-gvisor")
+    assert len(netns_names() - netns_before) == 2
+    assert gvisor.null_netns_mounts(real_node.lay.runsc_root)
+    assert hostsetup.pids_with_arg(f"--root={real_node.lay.runsc_root}/")
     veths = hostsetup.veths_on(real_node.node.bridge)
     assert veths
 
     stopped = real_node.down()
 
-    assert set(stopped) == {"kubelet", "containerd", "registry"}
+    assert {"kubelet", "containerd", "registry"} <= set(stopped)
     state = str(real_node.lay.root)
     assert hostsetup.mounts_under(real_node.lay.root) == []
     assert netns_names() - netns_before == set()
@@ -48,6 +55,7 @@ def test_down_leaves_no_mounts_netns_veths_or_processes(
     assert not [v for v in veths if Path(f"/sys/class/net/{v}").exists()]
     assert hostsetup.pids_with_arg(state) == []
     assert hostsetup.pids_with_arg(str(real_node.lay.containerd_socket)) == []
+    assert not real_node.lay.runsc_root.exists()  # runsc's state went with its mounts
     for mount in hostsetup.cgroup_mounts():
         assert not (mount / real_node.node.cgroup_root.lstrip("/")).exists()
 
@@ -58,3 +66,4 @@ def test_down_leaves_no_mounts_netns_veths_or_processes(
         timeout=130,
         what="pod running again after the node restart",
     )
+    wait_ready(core, namespace, "victim-gvisor", timeout=120)
