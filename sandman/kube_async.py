@@ -1,23 +1,31 @@
 """A small asyncio Kubernetes client on aiohttp: the plumbing every controller shares.
 
-Why not the official client: its watches and lists materialise every object
-as generated Python classes (slow at 10k pods) and it is synchronous, which
-would push every call of our asyncio servers into threads. This client speaks
-plain JSON, reuses one connection pool, and offers exactly what Sandman's
-components need: get/list/create/patch/delete, watches that resume from a
-resourceVersion, and errors that keep the API's Status.
+Why not the official client for requests: its watches and lists materialise
+every object as generated Python classes (slow at 10k pods) and it is
+synchronous, which would push every call of our asyncio servers into threads.
+This client speaks plain JSON, reuses one connection pool, and offers exactly
+what Sandman's components need: get/list/create/patch/delete, watches that
+resume from a resourceVersion, and errors that keep the API's Status.
+
+Kubeconfig files are read by the official package's loader
+(``kubernetes.config.kube_config``), so every kubeconfig kubectl accepts works
+(KUBECONFIG lists, contexts, exec plugins, token files, relative paths,
+tls-server-name); an in-cluster service account is read natively (three files;
+the controller image leaves the official package out).
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import collections
 import json
+import logging
 import os
 import ssl
 import tempfile
-from collections.abc import AsyncIterator, Mapping
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +35,11 @@ import aiohttp
 import yaml
 
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+# How often a changing token is looked at again between requests: an exec
+# plugin's token is renewed by the official loader once within 5 minutes of
+# its expirationTimestamp, a service-account token file is rotated by the
+# kubelet at 80% of its (>= 10 minute) lifetime; a 401 renews at once.
+TOKEN_RECHECK_S = 10.0
 
 
 class ApiError(Exception):
@@ -51,62 +64,311 @@ class WatchExpired(Exception):
     """The watch's resourceVersion is too old (410 Gone): list again."""
 
 
+class KubeconfigError(Exception):
+    """No usable cluster configuration; the message names the file, context or
+    plugin and what to do."""
+
+
+class BearerSource:
+    """An ``Authorization`` value that changes over time: an exec plugin's or
+    auth provider's token (renewed before it expires and after a 401), a token
+    file, an in-cluster service-account token (rotated by the kubelet).
+
+    ``fetch(renew)`` gives the current header value (blocking: it may run a
+    plugin or read a file); ``renew=True`` asks for a new credential because
+    the last one was refused. Thread-safe, and usable from any event loop
+    (the sync SDK runs its own): the blocking part runs in a worker thread,
+    one fetch at a time.
+    """
+
+    def __init__(
+        self,
+        fetch: Callable[[bool], str | None],
+        *,
+        recheck_s: float = TOKEN_RECHECK_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._fetch = fetch
+        self._recheck_s = recheck_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._value: str | None = None
+        self._checked: float | None = None
+        self.renewals = 0  # fetches with renew=True (after a 401), for tests and logs
+
+    def cached(self) -> str | None:
+        """The value if it was looked at within ``recheck_s``, else None."""
+        if self._checked is None or self._clock() - self._checked >= self._recheck_s:
+            return None
+        return self._value
+
+    def get(self, refused: str | None = None) -> str | None:
+        """The current value (blocking). ``refused``: the value a request was
+        just refused with; it is renewed unless another caller already did."""
+        with self._lock:
+            if refused is not None:
+                if self._value != refused:
+                    return self._value  # renewed meanwhile by a concurrent 401
+                self.renewals += 1
+            elif (value := self.cached()) is not None:
+                return value
+            self._value = self._fetch(refused is not None)
+            self._checked = self._clock()
+            return self._value
+
+    async def header(self, refused: str | None = None) -> str | None:
+        if refused is None and (value := self.cached()) is not None:
+            return value
+        return await asyncio.to_thread(self.get, refused)
+
+
 @dataclass(frozen=True)
 class Credentials:
+    """Where the apiserver is and how to authenticate to it.
+
+    ``token`` is a fixed bearer token; ``bearer`` one that changes (it wins).
+    ``namespace`` is the context's namespace, kubectl's default for commands.
+    ``tls_server_name`` (kubeconfig ``tls-server-name``) is the name the
+    server's certificate must carry and the SNI sent, when it differs from the
+    server URL's host; ``proxy`` is the kubeconfig's ``proxy-url``.
+    """
+
     server: str
     ssl: ssl.SSLContext
     token: str | None = None
+    namespace: str = "default"
+    tls_server_name: str | None = None
+    proxy: str | None = None
+    bearer: BearerSource | None = None
+    source: str = ""  # "kubeconfig FILES, context NAME" / "in-cluster": for messages
 
 
-def _b64_to_file(data: str, tmpdir: str, name: str) -> str:
-    path = os.path.join(tmpdir, name)
-    with open(path, "wb") as f:
-        f.write(base64.b64decode(data))
-    return path
+def load_incluster(
+    sa_dir: Path = SA_DIR,
+    environ: Mapping[str, str] = os.environ,
+    clock: Callable[[], float] = time.monotonic,
+) -> Credentials:
+    """The pod's service account: host and port from the environment, the CA,
+    token and namespace from the mounted files.
 
-
-def load_kubeconfig(path: Path | str, context: str | None = None) -> Credentials:
-    """Client certs, bearer tokens and CA from a kubeconfig (embedded or files)."""
-    doc = yaml.safe_load(Path(path).read_text())
-    ctx_name = context or doc.get("current-context")
-    ctx = next(c["context"] for c in doc["contexts"] if c["name"] == ctx_name)
-    cluster = next(c["cluster"] for c in doc["clusters"] if c["name"] == ctx["cluster"])
-    user = next(u["user"] for u in doc["users"] if u["name"] == ctx["user"])
-    sslctx = ssl.create_default_context()
-    with tempfile.TemporaryDirectory() as tmp:
-        if "certificate-authority-data" in cluster:
-            sslctx.load_verify_locations(
-                cafile=_b64_to_file(cluster["certificate-authority-data"], tmp, "ca")
+    Not the official package's ``load_incluster_config``: it reads the same
+    three files, and the controller image leaves the official package out
+    (126 MB of its 175); the token file is re-read as the kubelet rotates it.
+    """
+    host, port = environ.get("KUBERNETES_SERVICE_HOST"), environ.get("KUBERNETES_SERVICE_PORT")
+    if not host or not port:
+        raise KubeconfigError("not in a pod: KUBERNETES_SERVICE_HOST/PORT are not set")
+    token_file, ca_file = sa_dir / "token", sa_dir / "ca.crt"
+    for f in (token_file, ca_file):
+        if not f.is_file():
+            raise KubeconfigError(
+                f"in-cluster config: {f} is missing (automountServiceAccountToken off?)"
             )
-        elif "certificate-authority" in cluster:
-            sslctx.load_verify_locations(cafile=cluster["certificate-authority"])
-        if cluster.get("insecure-skip-tls-verify"):
-            sslctx.check_hostname = False
-            sslctx.verify_mode = ssl.CERT_NONE
-        if "client-certificate-data" in user:
-            sslctx.load_cert_chain(
-                _b64_to_file(user["client-certificate-data"], tmp, "crt"),
-                _b64_to_file(user["client-key-data"], tmp, "key"),
-            )
-        elif "client-certificate" in user:
-            sslctx.load_cert_chain(user["client-certificate"], user["client-key"])
-    return Credentials(cluster["server"].rstrip("/"), sslctx, user.get("token"))
+    if ":" in host:  # an IPv6 address
+        host = f"[{host}]"
+    ns_file = sa_dir / "namespace"
+    namespace = ns_file.read_text().strip() if ns_file.is_file() else "default"
+
+    def fetch(renew: bool) -> str | None:
+        token = token_file.read_text().strip()
+        return f"Bearer {token}" if token else None
+
+    return Credentials(
+        f"https://{host}:{port}",
+        ssl.create_default_context(cafile=str(ca_file)),
+        namespace=namespace,
+        bearer=BearerSource(fetch, clock=clock),
+        source="in-cluster service account",
+    )
 
 
-def load_incluster() -> Credentials:
-    host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ["KUBERNETES_SERVICE_PORT"]
-    sslctx = ssl.create_default_context(cafile=str(SA_DIR / "ca.crt"))
-    return Credentials(f"https://{host}:{port}", sslctx, None)
+def _official() -> Any:
+    try:
+        from kubernetes.config import kube_config
+    except ImportError as e:
+        raise KubeconfigError(
+            f"reading a kubeconfig needs the kubernetes package ({e}): pip install sandman-k8s"
+        ) from None
+    return kube_config
 
 
-def load_credentials(kubeconfig: Path | str | None) -> Credentials:
+def _first_current_context(merger: Any) -> str | None:
+    # kubectl: "the first file to set current-context wins"; the official
+    # merger keeps the last one, so it is picked here.
+    for doc in merger.config_files.values():
+        if doc.get("current-context"):
+            return str(doc["current-context"])
+    return None
+
+
+class _LogCapture(logging.Handler):
+    """The official loader logs an exec plugin's failure and goes on without
+    credentials; the message is kept to fail with it instead."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def load_kubeconfig(
+    paths: Path | str,
+    context: str | None = None,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+) -> Credentials:
+    """A kubeconfig read by the official ``kubernetes`` package's loader.
+
+    ``paths`` may list several files (``:``-separated, as in KUBECONFIG), merged
+    as kubectl does (the first file to name a cluster, user or context wins).
+    Everything kubectl's loader reads works: exec plugins and auth providers
+    (their token is renewed: ``Credentials.bearer``), token files, embedded or
+    file certificates (relative paths against the file that names them),
+    ``tls-server-name``, ``insecure-skip-tls-verify``, ``proxy-url``.
+    """
+    kube_config = _official()
+    from kubernetes.client import Configuration
+
+    spec = str(paths)
+    existing = [p for p in spec.split(os.pathsep) if p and os.path.exists(os.path.expanduser(p))]
+    if not existing:
+        raise KubeconfigError(f"no kubeconfig file at {spec}")
+    try:
+        merger = kube_config.KubeConfigMerger(spec)
+        # Merged entries are the loader's ConfigNodes; their .value is the plain dict.
+        contexts = [getattr(c, "value", c) for c in merger.config.value.get("contexts") or []]
+    except (OSError, AttributeError, yaml.YAMLError, kube_config.ConfigException) as e:
+        raise KubeconfigError(f"kubeconfig {spec}: {e}") from None
+    name = context or _first_current_context(merger)
+    names = [c.get("name") for c in contexts or []]
+    if not name:
+        raise KubeconfigError(
+            f"kubeconfig {spec} sets no current-context; choose one with --context "
+            f"(contexts: {', '.join(map(str, names)) or 'none'})"
+        )
+    chosen = next((c for c in contexts or [] if c.get("name") == name), None)
+    if chosen is None:
+        raise KubeconfigError(
+            f"context {name!r} is not in kubeconfig {spec} "
+            f"(contexts: {', '.join(map(str, names)) or 'none'})"
+        )
+    source = f"kubeconfig {spec}, context {name}"
+    # Embedded certificates and keys are written to files for the loader;
+    # they go once the SSL context holds them.
+    with tempfile.TemporaryDirectory(prefix="sandman-kubeconfig-") as tmp:
+
+        def build() -> Any:
+            cfg = Configuration()
+            capture = _LogCapture()
+            root = logging.getLogger()
+            root.addHandler(capture)
+            try:
+                kube_config.load_kube_config(
+                    config_file=spec,
+                    context=name,
+                    client_configuration=cfg,
+                    persist_config=False,  # never rewrite the user's files
+                    temp_file_path=tmp,
+                )
+            except kube_config.ConfigException as e:
+                raise KubeconfigError(f"{source}: {e}") from None
+            finally:
+                root.removeHandler(capture)
+            if capture.messages and not _has_credentials(cfg):
+                raise KubeconfigError(f"{source}: no credentials: {'; '.join(capture.messages)}")
+            return cfg
+
+        cfg = build()
+        sslctx = _ssl_context(cfg, source)
+    if not cfg.host:
+        raise KubeconfigError(f"{source}: the cluster has no server")
+
+    state = {"cfg": cfg}
+    bearer = None
+    if "BearerToken" in cfg.api_key:
+
+        def fetch(renew: bool) -> str | None:
+            if renew:  # refused: run the plugin / read the token file again
+                with tempfile.TemporaryDirectory(prefix="sandman-kubeconfig-") as tmp2:
+                    fresh = Configuration()
+                    kube_config.load_kube_config(
+                        config_file=spec,
+                        context=name,
+                        client_configuration=fresh,
+                        persist_config=False,
+                        temp_file_path=tmp2,
+                    )
+                state["cfg"] = fresh
+            # The loader's refresh hook renews an expiring exec/auth-provider token.
+            value = state["cfg"].get_api_key_with_prefix("BearerToken")
+            # A token file's newline is not part of the token (client-go trims it too).
+            return str(value).strip() if value else None
+
+        bearer = BearerSource(fetch, clock=clock)
+        bearer.get()  # the token just loaded, cached (no second plugin run)
+    return Credentials(
+        cfg.host.rstrip("/"),
+        sslctx,
+        namespace=str((chosen.get("context") or {}).get("namespace") or "default"),
+        tls_server_name=getattr(cfg, "tls_server_name", None) or None,
+        proxy=cfg.proxy or None,
+        bearer=bearer,
+        source=source,
+    )
+
+
+def _has_credentials(cfg: Any) -> bool:
+    return bool(cfg.api_key.get("BearerToken") or cfg.cert_file)
+
+
+def _ssl_context(cfg: Any, source: str) -> ssl.SSLContext:
+    try:
+        ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert or None)
+        if cfg.cert_file:
+            ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
+    except (OSError, ssl.SSLError) as e:
+        raise KubeconfigError(f"{source}: cannot load its certificates: {e}") from None
+    if not cfg.verify_ssl:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def kubeconfig_paths(kubeconfig: Path | str | None, environ: Mapping[str, str]) -> str | None:
+    """The files kubectl would read: ``--kubeconfig``, else $KUBECONFIG (a
+    list), else ~/.kube/config if it exists; None: none (in-cluster?)."""
     if kubeconfig:
-        return load_kubeconfig(kubeconfig)
-    if os.environ.get("KUBECONFIG"):
-        return load_kubeconfig(os.environ["KUBECONFIG"].split(":")[0])
-    if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        return load_incluster()
-    return load_kubeconfig(Path.home() / ".kube" / "config")
+        return str(kubeconfig)
+    if environ.get("KUBECONFIG"):
+        listed = environ["KUBECONFIG"]
+        if any(os.path.exists(os.path.expanduser(p)) for p in listed.split(os.pathsep) if p):
+            return listed
+        return None if environ.get("KUBERNETES_SERVICE_HOST") else listed
+    home = Path(environ.get("HOME") or Path.home()) / ".kube" / "config"
+    return str(home) if home.exists() else None
+
+
+def load_credentials(
+    kubeconfig: Path | str | None = None,
+    context: str | None = None,
+    *,
+    environ: Mapping[str, str] = os.environ,
+    clock: Callable[[], float] = time.monotonic,
+) -> Credentials:
+    """kubectl's choice: ``--kubeconfig``, else $KUBECONFIG, else
+    ~/.kube/config, else the pod's service account (in-cluster)."""
+    paths = kubeconfig_paths(kubeconfig, environ)
+    if paths is not None:
+        return load_kubeconfig(paths, context, clock=clock)
+    if environ.get("KUBERNETES_SERVICE_HOST"):
+        if context:
+            raise KubeconfigError(f"--context {context}: there is no kubeconfig, only in-cluster")
+        return load_incluster(environ=environ, clock=clock)
+    raise KubeconfigError(
+        "no kubeconfig: pass --kubeconfig, set KUBECONFIG, or write ~/.kube/config"
+    )
 
 
 @dataclass(frozen=True)
@@ -171,8 +433,11 @@ class KubeClient:
         self.requests: collections.Counter[str] = collections.Counter()
 
     @classmethod
-    def from_kubeconfig(cls, kubeconfig: Path | str | None, **kw: Any) -> KubeClient:
-        return cls(load_credentials(kubeconfig), **kw)
+    def from_kubeconfig(
+        cls, kubeconfig: Path | str | None, *, context: str | None = None, **kw: Any
+    ) -> KubeClient:
+        """From ``kubeconfig`` (None: kubectl's choice, see load_credentials)."""
+        return cls(load_credentials(kubeconfig, context), **kw)
 
     async def __aenter__(self) -> KubeClient:
         self.open()
@@ -184,7 +449,7 @@ class KubeClient:
     def open(self) -> None:
         if self._session is None:
             headers = {"User-Agent": self._user_agent, "Accept": "application/json"}
-            if self.creds.token:
+            if self.creds.token and self.creds.bearer is None:
                 headers["Authorization"] = f"Bearer {self.creds.token}"
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(ssl=self.creds.ssl, limit=self._max),
@@ -197,18 +462,32 @@ class KubeClient:
             self._session = None
 
     def session(self) -> aiohttp.ClientSession:
-        """The underlying pool, for requests this client has no verb for (pods/proxy)."""
+        """The underlying pool, for requests this client has no verb for (pods/proxy);
+        pass ``**request_options()`` and ``headers=await auth_headers()``."""
         assert self._session is not None, "KubeClient not opened"
         return self._session
 
-    def auth_headers(self) -> dict[str, str]:
-        return self._token_header()
+    def request_options(self) -> dict[str, Any]:
+        """Per-request aiohttp options the kubeconfig asks for (tls-server-name, proxy-url)."""
+        opts: dict[str, Any] = {}
+        if self.creds.tls_server_name:
+            opts["server_hostname"] = self.creds.tls_server_name
+        if self.creds.proxy:
+            opts["proxy"] = self.creds.proxy
+        return opts
 
-    def _token_header(self) -> dict[str, str]:
-        # In-cluster tokens rotate (bound tokens, ~1 h): read at each request.
-        if self.creds.token is None and (SA_DIR / "token").exists():
-            return {"Authorization": f"Bearer {(SA_DIR / 'token').read_text().strip()}"}
-        return {}
+    async def auth_headers(self, refused: dict[str, str] | None = None) -> dict[str, str]:
+        """The Authorization header for a request (a fixed token is a session
+        default already). ``refused``: the headers a request got 401 with:
+        renew the credential (run the exec plugin again, re-read the file)."""
+        bearer = self.creds.bearer
+        if bearer is None:
+            return {}
+        value = await bearer.header(refused.get("Authorization") if refused else None)
+        return {"Authorization": value} if value else {}
+
+    def _renewable(self, status: int, attempt: int) -> bool:
+        return status == 401 and attempt == 0 and self.creds.bearer is not None
 
     async def request(
         self,
@@ -225,23 +504,31 @@ class KubeClient:
         url = self.creds.server + path
         if params:
             url += "?" + urlencode({k: v for k, v in params.items() if v is not None})
-        headers = self._token_header()
-        data = None
-        if body is not None:
-            data = json.dumps(body).encode()
-            headers["Content-Type"] = content_type
-        async with self._session.request(
-            method,
-            url,
-            data=data,
-            headers=headers,
-            timeout=aiohttp.ClientTimeout(total=timeout or self._timeout),
-        ) as resp:
-            payload = await resp.read()
-            doc = json.loads(payload) if payload else None
-            if resp.status >= 400:
-                raise ApiError(resp.status, doc if doc is not None else payload.decode())
-            return doc
+        data = None if body is None else json.dumps(body).encode()
+        auth = await self.auth_headers()
+        for attempt in (0, 1):
+            headers = dict(auth)
+            if data is not None:
+                headers["Content-Type"] = content_type
+            async with self._session.request(
+                method,
+                url,
+                data=data,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=timeout or self._timeout),
+                **self.request_options(),
+            ) as resp:
+                payload = await resp.read()
+                if self._renewable(resp.status, attempt):
+                    # An expired exec-plugin or rotated token: renew, retry once
+                    # (a 401 means the request was not processed).
+                    auth = await self.auth_headers(refused=auth)
+                    continue
+                doc = json.loads(payload) if payload else None
+                if resp.status >= 400:
+                    raise ApiError(resp.status, doc if doc is not None else payload.decode())
+                return doc
+        raise AssertionError("unreachable")
 
     # -- verbs ----------------------------------------------------------------
     async def get(self, res: Resource, name: str, namespace: str | None = None) -> Any:
@@ -328,11 +615,22 @@ class KubeClient:
             "timeoutSeconds": str(timeout_s),
         }
         url = self.creds.server + res.path(namespace) + "?" + urlencode(q)
-        async with self._session.get(
+        auth = await self.auth_headers()
+        resp = await self._session.get(
             url,
-            headers=self._token_header(),
+            headers=auth,
             timeout=aiohttp.ClientTimeout(total=None, sock_read=timeout_s + 30),
-        ) as resp:
+            **self.request_options(),
+        )
+        if self._renewable(resp.status, 0):
+            resp.release()
+            resp = await self._session.get(
+                url,
+                headers=await self.auth_headers(refused=auth),
+                timeout=aiohttp.ClientTimeout(total=None, sock_read=timeout_s + 30),
+                **self.request_options(),
+            )
+        async with resp:
             if resp.status == 410:
                 raise WatchExpired()
             if resp.status >= 400:

@@ -17,7 +17,7 @@ from typing import Any
 
 from sandman import tokens
 from sandman.client.errors import ClientClosed
-from sandman.client.transport import HttpTransport, Transport
+from sandman.client.transport import MAX_PER_SANDBOX, HttpTransport, Transport
 from sandman.kube_async import SECRETS, ApiError, KubeClient
 from sandman.telemetry import Telemetry
 
@@ -51,17 +51,26 @@ class SandmanClient:
         self,
         *,
         kubeconfig: Path | str | None = None,
-        namespace: str = "default",
+        context: str | None = None,
+        namespace: str | None = None,
         transport: Transport | str = "auto",
         kube: KubeClient | None = None,
         access_keys: dict[str, bytes] | None = None,
         telemetry: Telemetry | None = None,
+        max_per_sandbox: int = MAX_PER_SANDBOX,
     ) -> None:
-        self.namespace = namespace
+        """``kubeconfig``/``context`` as kubectl's flags (None: $KUBECONFIG,
+        ~/.kube/config, else in-cluster); ``namespace`` None: the context's
+        namespace, as kubectl does (in a pod: the pod's). ``max_per_sandbox``:
+        direct connections kept open to one sandbox (concurrent streams)."""
         # Traces and the pool metrics endpoint, as OTEL_*/SANDMAN_METRICS_LISTEN
         # say (off by default, and then free): sandman.telemetry.
         self.telemetry = telemetry if telemetry is not None else Telemetry.from_env()
-        self.kube = kube or KubeClient.from_kubeconfig(kubeconfig, user_agent="sandman-sdk")
+        self.kube = kube or KubeClient.from_kubeconfig(
+            kubeconfig, context=context, user_agent="sandman-sdk"
+        )
+        self.namespace = namespace or self.kube.creds.namespace
+        self._max_per_sandbox = max_per_sandbox
         self._transport_arg = transport
         self._transport: Transport | None = None
         self._keys: dict[str, bytes] = dict(access_keys or {})
@@ -83,7 +92,11 @@ class SandmanClient:
             return
         self.kube.open()
         t = self._transport_arg
-        self._transport = HttpTransport(self.kube, t) if isinstance(t, str) else t
+        self._transport = (
+            HttpTransport(self.kube, t, max_per_sandbox=self._max_per_sandbox)
+            if isinstance(t, str)
+            else t
+        )
         self.state = ClientState.OPEN
         await self.telemetry.start()
 

@@ -95,10 +95,12 @@ class Process:
         )
         return decode_output(doc["data"], doc["encoding"]), int(doc["next_offset"])
 
-    async def write(self, data: str, *, eof: bool = False) -> None:
-        await self.sandbox._call(
-            "POST", f"/v1/processes/{self.id}/stdin", body={"data": data, "eof": eof}
-        )
+    async def write(self, data: str | bytes, *, eof: bool = False) -> None:
+        """Send ``data`` to the process's stdin (bytes go as base64, any content)."""
+        body: dict[str, Any] = {"data": data, "eof": eof}
+        if isinstance(data, bytes):
+            body["data"], body["encoding"] = base64.b64encode(data).decode(), "base64"
+        await self.sandbox._call("POST", f"/v1/processes/{self.id}/stdin", body=body)
 
     async def signal(self, sig: str | int = "TERM") -> None:
         await self.sandbox._call("POST", f"/v1/processes/{self.id}/signal", body={"signal": sig})

@@ -29,6 +29,12 @@ from sandman.contract import DAEMON_PORT
 from sandman.kube_async import KubeClient
 
 TOKEN_HEADER = "X-Sandman-Token"
+# Direct connections kept open to one sandbox's daemon. Eight covers an agent's
+# usual concurrency (a few commands, a file transfer, a long-poll); raise it
+# (SandmanClient(max_per_sandbox=N)) when one sandbox serves many concurrent
+# streams, e.g. the E2B gateway's one long-poll per streaming command. The
+# proxy transport shares the apiserver pool (KubeClient's max_connections).
+MAX_PER_SANDBOX = 8
 
 
 @dataclass(frozen=True)
@@ -58,8 +64,24 @@ class DaemonResponse(Protocol):
     async def close(self) -> None: ...
 
 
+class DaemonSocket(Protocol):
+    """A WebSocket to the daemon (``/v1/pty``): messages both ways."""
+
+    async def send_bytes(self, data: bytes) -> None: ...
+
+    async def send_text(self, text: str) -> None: ...
+
+    async def receive(self) -> bytes | str | None:
+        """The next message (bytes: binary, str: text); None once closed."""
+        ...
+
+    async def close(self) -> None: ...
+
+
 class Transport(Protocol):
     async def send(self, target: Target, req: DaemonRequest, timeout: float) -> DaemonResponse: ...
+
+    async def websocket(self, target: Target, path: str, timeout: float) -> DaemonSocket: ...
 
     async def close(self) -> None: ...
 
@@ -90,6 +112,43 @@ class _AiohttpResponse:
         self._resp.release()
 
 
+class _AiohttpSocket:
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse, what: str) -> None:
+        self._ws = ws
+        self._what = what
+
+    async def send_bytes(self, data: bytes) -> None:
+        try:
+            await self._ws.send_bytes(data)
+        except (aiohttp.ClientError, ConnectionError) as e:
+            raise TransportError(f"{self._what}: the connection broke off: {e}") from e
+
+    async def send_text(self, text: str) -> None:
+        try:
+            await self._ws.send_str(text)
+        except (aiohttp.ClientError, ConnectionError) as e:
+            raise TransportError(f"{self._what}: the connection broke off: {e}") from e
+
+    async def receive(self) -> bytes | str | None:
+        msg = await self._ws.receive()
+        if msg.type == aiohttp.WSMsgType.BINARY:
+            return bytes(msg.data)
+        if msg.type == aiohttp.WSMsgType.TEXT:
+            return str(msg.data)
+        if msg.type == aiohttp.WSMsgType.ERROR:
+            raise TransportError(f"{self._what}: the connection broke off: {msg.data}")
+        return None  # CLOSE, CLOSING, CLOSED
+
+    async def close(self) -> None:
+        await self._ws.close()
+
+
+# What aiohttp needs to open a WebSocket: the handshake within the call's
+# timeout; afterwards no receive timeout (a terminal may sit idle for hours).
+def _ws_timeout(timeout: float) -> aiohttp.ClientWSTimeout:
+    return aiohttp.ClientWSTimeout(ws_receive=None, ws_close=min(timeout, 10.0))
+
+
 class HttpTransport:
     """Direct to pod IPs, or through the apiserver; chosen per client.
 
@@ -102,6 +161,7 @@ class HttpTransport:
         mode: str = "auto",
         *,
         max_connections: int = 1000,
+        max_per_sandbox: int = MAX_PER_SANDBOX,
         port: int = DAEMON_PORT,
     ) -> None:
         if mode not in ("auto", "direct", "proxy"):
@@ -110,7 +170,9 @@ class HttpTransport:
         self.mode = mode
         self.port = port
         self._direct = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=max_connections, limit_per_host=8),
+            connector=aiohttp.TCPConnector(
+                limit=max_connections, limit_per_host=max_per_sandbox
+            ),
         )
         self._decided: str | None = None if mode == "auto" else mode
         self._decide_lock = asyncio.Lock()
@@ -167,15 +229,64 @@ class HttpTransport:
                     req.method,
                     url,
                     data=body,
-                    headers={**self.kube.auth_headers(), **headers},
+                    headers={**(await self.kube.auth_headers()), **headers},
                     timeout=client_timeout,
+                    **self.kube.request_options(),
                 )
         except (aiohttp.ClientError, OSError) as e:
             raise TransportError(f"sandbox {target.namespace}/{target.name}: {e}") from e
         return _AiohttpResponse(resp)
 
+    async def websocket(self, target: Target, path: str, timeout: float) -> DaemonSocket:
+        """A WebSocket to ``path``, directly or through the apiserver's pods/proxy
+        (which passes HTTP upgrades through to the pod). The handshake must
+        finish within ``timeout``; the socket then lives until closed."""
+        mode = await self._choose(target)
+        headers = {TOKEN_HEADER: target.token}
+        what = f"sandbox {target.namespace}/{target.name}"
+        try:
+            async with asyncio.timeout(timeout):
+                if mode == "direct":
+                    if not target.ip:
+                        raise TransportError(f"sandbox {target.name} has no pod IP yet")
+                    headers["Authorization"] = f"Bearer {target.token}"
+                    ws = await self._direct.ws_connect(
+                        f"http://{target.ip}:{self.port}{path}",
+                        headers=headers,
+                        timeout=_ws_timeout(timeout),
+                        autoping=True,
+                    )
+                else:
+                    url = (
+                        f"{self.kube.creds.server}/api/v1/namespaces/{quote(target.namespace)}"
+                        f"/pods/{quote(target.name)}:{self.port}/proxy{path}"
+                    )
+                    ws = await self.kube.session().ws_connect(
+                        url,
+                        headers={**(await self.kube.auth_headers()), **headers},
+                        timeout=_ws_timeout(timeout),
+                        autoping=True,
+                        **self.kube.request_options(),
+                    )
+        except aiohttp.WSServerHandshakeError as e:
+            raise _handshake_error(e, what) from None
+        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+            raise TransportError(f"{what}: {e or type(e).__name__}") from e
+        return _AiohttpSocket(ws, what)
+
     async def close(self) -> None:
         await self._direct.close()
+
+
+def _handshake_error(e: aiohttp.WSServerHandshakeError, what: str) -> Exception:
+    """A refused upgrade: the daemon's (or the apiserver's) status, as the SDK's errors."""
+    from sandman.client.errors import DaemonError, Unauthorized
+
+    if e.status == 401:
+        return Unauthorized(401, "unauthorized", f"{what}: {e.message}")
+    if e.status in (502, 503, 504) or e.status < 400:
+        return TransportError(f"{what}: HTTP {e.status} on the way to the daemon: {e.message}")
+    return DaemonError(e.status, "upgrade_refused", f"{what}: {e.message}")
 
 
 # -- a transport for unit tests ------------------------------------------------------
@@ -211,6 +322,9 @@ class MockTransport:
     async def send(self, target: Target, req: DaemonRequest, timeout: float) -> DaemonResponse:
         self.requests.append((target, req))
         return await self.handler(target, req)
+
+    async def websocket(self, target: Target, path: str, timeout: float) -> DaemonSocket:
+        raise TransportError(f"MockTransport has no WebSocket ({path}): test terminals on a daemon")
 
     async def close(self) -> None:
         return None
