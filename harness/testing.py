@@ -132,8 +132,9 @@ def start_test_cluster(kwok_nodes: int = 3) -> ClusterBed:
         real_node=RealNodeConfig(enabled=no_real is None),
         deploy_sandman=True,
         deploy_reaper=False,
-        # TEMPORARY (install engineer): in-cluster only when asked, until verified.
-        host_components=os.environ.get("SANDMAN_TEST_IN_CLUSTER") != "1",
+        # In-cluster whenever the real node is there (the path users take);
+        # SANDMAN_TEST_HOST_COMPONENTS=1 runs host processes (quicker to iterate).
+        host_components=os.environ.get("SANDMAN_TEST_HOST_COMPONENTS") == "1",
     )
     cluster = LocalCluster(cfg)
     try:

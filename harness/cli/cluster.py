@@ -173,7 +173,22 @@ def cmd_status(args: argparse.Namespace) -> int:
             health = "healthy" if c.healthy else ("unhealthy" if c.pid else "stopped")
             print(f"{c.name:<26}{c.pid or '-':>8}  {health}")
         print(f"nodes: {st.nodes_ready}/{st.nodes_total} Ready")
+        if cluster.config.sandman_mode == "in-cluster" and st.running:
+            _print_deployments(cluster)
     return 0 if st.running and all(c.healthy for c in st.components) else 3
+
+
+def _print_deployments(cluster: LocalCluster) -> None:
+    from kubernetes.client import AppsV1Api
+
+    from sandman.contract import NAMESPACE
+    from sandman.harness.kube import api_client
+
+    apps = AppsV1Api(api_client(cluster.kubeconfig))
+    print(f"sandman in-cluster ({NAMESPACE}):")
+    for d in apps.list_namespaced_deployment(NAMESPACE).items:
+        ready = d.status.available_replicas or 0
+        print(f"  {d.metadata.name:<24}{ready}/{d.spec.replicas} available")
 
 
 def cmd_kubeconfig(args: argparse.Namespace) -> int:

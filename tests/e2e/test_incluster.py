@@ -180,6 +180,16 @@ def test_kubectl_sandbox_is_injected_scheduled_served_and_reaped_in_cluster(
         scheduled[0].get("reportingComponent") == SCHEDULER_NAME
         or scheduled[0]["source"].get("component") == SCHEDULER_NAME
     ), scheduled
+    # The scheduler asks its extender only when more than one node fits (the
+    # real node is the only one for this pod): a second sandbox, for the kwok
+    # nodes, shows the in-cluster extender scoring.
+    kwok = {"apiVersion": "v1", "kind": "Pod", **_sandbox("kubectl-made-kwok", images["tiny"])}
+    kubectl(cluster, "-n", namespace, "create", "-f", "-", stdin=json.dumps(kwok))
+
+    def bound() -> bool:
+        return bool(core.read_namespaced_pod("kubectl-made-kwok", namespace).spec.node_name)
+
+    wait_for(bound, timeout=60, what="sandman-scheduler binding the kwok sandbox")
     wait_for(
         lambda: (
             metric_sum(incluster.metrics_urls("extender"), "sandman_extender_placements_total")

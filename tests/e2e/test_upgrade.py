@@ -22,7 +22,7 @@ from sandman.harness.cluster.incluster import InClusterDeployment
 from sandman.harness.cluster.kwok_nodes import on_kwok
 from sandman.harness.cluster.local import LocalCluster
 from sandman.harness.kube import raw
-from sandman.harness.testing import wait_ready
+from sandman.harness.testing import wait_for, wait_ready
 from sandman.install import apply as ap
 from tests.e2e.test_incluster import incluster  # noqa: F401  (the fixture)
 from tests.e2e.test_sandbox import call, namespace_key
@@ -102,6 +102,7 @@ def test_upgrade_keeps_admission_up_and_running_sandboxes_serving(
     try:
         assert failures == [], failures[:3]
         assert len(created) >= MIN_CREATES, len(created)
+        print(f"{len(created)} sandbox creates during the roll, none refused")
         # Every pod admitted during the roll has the daemon, from the old or the new image.
         for name in created:
             pod = core.read_namespaced_pod(name, namespace).to_dict()
@@ -113,7 +114,14 @@ def test_upgrade_keeps_admission_up_and_running_sandboxes_serving(
         assert _init_image(before).endswith(f":{old}")
         status, body = call(ip, token, "/v1/exec", {"cmd": ["echo", "still here"]})
         assert status == 200 and body["stdout"].strip() == "still here", body
-        # New sandboxes get the new daemon.
+
+        # New sandboxes get the new daemon once the old webhook pods are gone (a
+        # terminating one answers through its preStop pause, with the old daemon).
+        def only_new() -> bool:
+            pods = incluster.webhook_pods(ready_only=False)
+            return all(p["spec"]["containers"][0]["image"].endswith(f":{new}") for p in pods)
+
+        wait_for(only_new, timeout=120, what="the old webhook pods to go")
         fresh = core.create_namespaced_pod(
             namespace,
             {
