@@ -11,6 +11,7 @@ from pathlib import Path
 BENCHMARKS = {
     "cluster": "sandman.bench.cluster",
     "daemon": "sandman.bench.daemon",
+    "reset": "sandman.bench.reset",
     "webhook": "sandman.bench.webhook",
     "reaper": "sandman.bench.reaper",
     "extender": "sandman.bench.extender",

@@ -228,6 +228,18 @@ class ObjectStore:
             raise GitReadError(f"object {oid} does not hash to its id (the object was altered)")
         return data
 
+    def loose(self, oid: str) -> bytes:
+        """The object as a loose object file (zlib of "type size\\0content"),
+        wherever it is stored now; checked against its id first."""
+        kind, data = self._object(oid)
+        name = _TYPES.get(kind)
+        if name is None:
+            raise GitReadError(f"object {oid} has an unknown type")
+        head = b"%s %d\0" % (name, len(data))
+        if hashlib.new(self.hash_name, head + data).hexdigest() != oid:
+            raise GitReadError(f"object {oid} does not hash to its id (the object was altered)")
+        return zlib.compress(head + data)
+
     def _object(self, oid: str) -> tuple[int, bytes]:
         for d in self.dirs:
             path = d / oid[:2] / oid[2:]

@@ -30,7 +30,7 @@ from sandman.daemon.firstuse import record_path, skip_ids
 from sandman.daemon.gitread import ObjectStore
 from sandman.daemon.pristine import Pristine, Record
 from sandman.daemon.restore import remove, restore_tree
-from sandman.daemon.snapshot import Diff, TooLarge, compare, describe, top_level
+from sandman.daemon.snapshot import DIR, Diff, TooLarge, compare, describe, top_level
 from sandman.daemon.survey import MAX_WORKSPACE_ENTRIES
 
 if TYPE_CHECKING:
@@ -170,20 +170,40 @@ def _restore_and_verify(
         # Repository first (a repository outside the workspace, then the
         # workspace's .git), so blobs are read from the pristine object store.
         ordered = sorted(rec.trees, key=lambda t: (t.name != "git", t.name))
+        untouched: dict[str, Diff] = {}  # trees found as recorded: nothing to redo
         for t in ordered:
             known = pristine.known.get(t.root)
             try:
                 diff = compare(t.root, t.entries, rec.hash_name, skip, WALK_LIMIT, known)
             except TooLarge as e:
                 drift.append(f"{t.name} {t.root} cannot be verified: {e}")
+                untouched[t.root] = Diff()
+                continue
+            if diff.clean and not diff.caches:
+                untouched[t.root] = diff
                 continue
             if t.restore:
                 repo = _repo_prefix(rec, t)
-                parts = list(_split(diff, repo)) if repo else [Diff(), diff]
+                if t.name == "git":
+                    repo_part, rest = diff, Diff()
+                elif repo:
+                    repo_part, rest = _split(diff, repo)
+                else:
+                    repo_part, rest = Diff(), diff
+                moved, repo_part = _loose_objects(repo_part, t)
                 done, failures = 0, []
-                for part in parts:
-                    n, f = restore_tree(t, part, rec, objects() if part is parts[1] else None)
-                    done, failures = done + n, failures + f
+                if moved.missing or moved.changed:
+                    # git's automatic gc packs loose objects and deletes them:
+                    # write them again from wherever they are now, before the
+                    # new pack (not in the record) is deleted below.
+                    with contextlib.closing(
+                        ObjectStore(Path(rec.objects_dir), rec.hash_name)
+                    ) as now:
+                        done, failures = restore_tree(t, moved, rec, now)
+                n, f = restore_tree(t, repo_part, rec, None)
+                done, failures = done + n, failures + f
+                n, f = restore_tree(t, rest, rec, objects())
+                done, failures = done + n, failures + f
                 if done:
                     actions.append(f"restored {done} entr{'y' if done == 1 else 'ies'} of {t.root}")
                 drift += failures[:20]
@@ -192,9 +212,14 @@ def _restore_and_verify(
                     with contextlib.suppress(OSError):
                         remove(os.path.join(t.root, rel))
                 actions.append(f"removed {len(diff.caches)} changed bytecode cache(s) in {t.root}")
-        # Verify, independently of what the steps above reported.
+        # Verify, independently of what the steps above reported (a tree the
+        # first comparison found as recorded, with every process already
+        # gone, is not walked twice).
         for t in rec.trees:
             known = pristine.known.setdefault(t.root, {})
+            if t.root in untouched:
+                known.update(untouched[t.root].rechecked)
+                continue
             try:
                 diff = compare(t.root, t.entries, rec.hash_name, skip, WALK_LIMIT, known)
             except TooLarge as e:
@@ -206,6 +231,20 @@ def _restore_and_verify(
         if store is not None:
             store.close()
     return actions, drift
+
+
+def _loose_objects(diff: Diff, tree: Any) -> tuple[Diff, Diff]:
+    """(missing or changed loose objects and their fan-out directories, the
+    rest of the diff)."""
+    moved, rest = Diff(), Diff(extra=diff.extra, caches=diff.caches)
+    for name in ("missing", "changed"):
+        for rel in getattr(diff, name):
+            entry = tree.entries[rel]
+            fanout = (
+                entry[0] == DIR and "/objects/" in f"/{rel}" and len(rel.rsplit("/", 1)[-1]) == 2
+            )
+            getattr(moved if entry[8] == "o:" or fanout else rest, name).append(rel)
+    return moved, rest
 
 
 def _repo_prefix(rec: Record, tree: Any) -> str | None:

@@ -41,7 +41,12 @@ def remove(path: str) -> None:
         os.unlink(path)
 
 
-def _content(digest: str, rec: Record, store: ObjectStore | None) -> bytes:
+def _content(digest: str, rel: str, rec: Record, store: ObjectStore | None) -> bytes:
+    if digest == "o:":  # a loose object git moved into a pack (gc): written again
+        if store is None:
+            raise Unrestorable("the repository's objects are not available")
+        head, name = os.path.split(rel)
+        return store.loose(os.path.basename(head) + name)
     if digest.startswith("g:"):
         if store is None:
             raise Unrestorable("the repository's objects are not available")
@@ -82,7 +87,7 @@ def _put(root: str, rel: str, entry: Entry, rec: Record, store: ObjectStore | No
         os.symlink(digest[2:], path)
         _owner(path, uid, gid, follow=False)
     elif kind == FILE:
-        data = _content(digest, rec, None if store is None else store)
+        data = _content(digest, rel, rec, store)
         parent, name = os.path.split(path)
         tmp = os.path.join(parent, f".{name}.sandman-restore")
         with contextlib.suppress(FileNotFoundError):

@@ -44,6 +44,8 @@ from sandman.daemon.gitread import (
 )
 from sandman.daemon.pristine import Record, TreeRecord
 from sandman.daemon.snapshot import (
+    FILE,
+    LINK,
     Entry,
     TooLarge,
     content_digest,
@@ -130,8 +132,8 @@ class _Workspace:
     hash_name: str
     index: dict[str, IndexEntry]
     converting: bool
-    tree: list[tuple[str, os.stat_result]]
-    git_tree: list[tuple[str, os.stat_result]]  # a repository outside the root
+    tree: list[tuple[str, Entry]]  # entries without digests yet
+    git_tree: list[tuple[str, Entry]]  # a repository outside the root
     notes: list[str]
 
 
@@ -148,16 +150,16 @@ def _scan(ws: Path, skip: frozenset[tuple[int, int]]) -> _Workspace:
             pass
         except (OSError, GitReadError) as e:
             notes.append(f"the workspace's git index could not be read at first use ({e})")
-    tree = list(walk(str(ws), skip, MAX_WORKSPACE_ENTRIES))
+    tree = [(rel, entry_of(st)) for rel, st in walk(str(ws), skip, MAX_WORKSPACE_ENTRIES)]
     inside = None
-    git_tree: list[tuple[str, os.stat_result]] = []
+    git_tree: list[tuple[str, Entry]] = []
     if git_dir is not None:
         real = os.path.realpath(git_dir)
         if real.startswith(os.path.realpath(ws).rstrip("/") + "/"):
             inside = os.path.relpath(real, os.path.realpath(ws))
         else:
-            git_tree = list(walk(real, skip, MAX_WORKSPACE_ENTRIES))
-    attr_files = [rel for rel, st in tree if rel.endswith(".gitattributes")]
+            git_tree = [(r, entry_of(st)) for r, st in walk(real, skip, MAX_WORKSPACE_ENTRIES)]
+    attr_files = [rel for rel, _ in tree if rel.endswith(".gitattributes")]
     if inside:
         attr_files.append(f"{inside}/info/attributes")
     converting = False
@@ -178,7 +180,7 @@ def _scan(ws: Path, skip: frozenset[tuple[int, int]]) -> _Workspace:
 
 def _file_digest(
     path: str,
-    st: os.stat_result,
+    size: int,
     tracked: IndexEntry | None,
     known_clean: bool,
     saver: _Saver,
@@ -188,14 +190,14 @@ def _file_digest(
     if tracked is not None and (tracked.mode >> 12) == 0o10:
         if known_clean:
             return "g:" + tracked.oid  # git says it matches the index
-        if st.st_size <= MAX_BLOB_BYTES:
+        if size <= MAX_BLOB_BYTES:
             data = read_regular(path)
             if blob_id(data, hash_name_) == tracked.oid:
                 return "g:" + tracked.oid
             if saver.room(len(data), MAX_SAVED_UNTRACKED):
                 return saver.keep(data)
         return "b:" + file_digest(path)
-    if saver.room(st.st_size, MAX_SAVED_UNTRACKED):
+    if saver.room(size, MAX_SAVED_UNTRACKED):
         return saver.keep(read_regular(path))
     return ""
 
@@ -209,7 +211,7 @@ def _digest_or_nothing(fn: Callable[[], str]) -> str:
 
 def _repo_entries(
     repo_root: str,
-    tree: list[tuple[str, os.stat_result]],
+    tree: list[tuple[str, Entry]],
     prefix: str,
     saver: _Saver,
     tree_root: str,
@@ -217,23 +219,23 @@ def _repo_entries(
     """A repository's files: metadata copied; loose objects vouch for
     themselves (their name is their hash); packs are hashed later."""
     out = {}
-    for rel, st in tree:
+    for rel, e in tree:
         key = rel if not prefix else (prefix if rel == "." else f"{prefix}/{rel}")
         path = join(repo_root, rel)
         digest = ""
-        if stat.S_ISLNK(st.st_mode):
+        if e[0] == LINK:
             digest = _digest_or_nothing(lambda p=path: "l:" + os.readlink(p))
-        elif stat.S_ISREG(st.st_mode) and _metadata(rel):
+        elif e[0] == FILE and _metadata(rel):
             cap = MAX_SAVED_INDEX if rel == "index" else MAX_SAVED_FILE
-            if saver.room(st.st_size, cap):
+            if saver.room(e[4], cap):
                 digest = _digest_or_nothing(lambda p=path: saver.keep(read_regular(p)))
             else:
                 digest = _digest_or_nothing(lambda p=path: "b:" + file_digest(p))
-        elif stat.S_ISREG(st.st_mode) and _loose_object(rel):
+        elif e[0] == FILE and _loose_object(rel):
             digest = "o:"
-        elif stat.S_ISREG(st.st_mode):
-            saver.defer(tree_root, key, st.st_size)
-        out[key] = entry_of(st, digest)
+        elif e[0] == FILE:
+            saver.defer(tree_root, key, e[4])
+        out[key] = (*e[:8], digest)
     return out
 
 
@@ -241,22 +243,22 @@ def _workspace_tree(scan: _Workspace, dirty: set[str] | None, saver: _Saver) -> 
     ws = str(scan.root)
     entries: dict[str, Entry] = {}
     if scan.inside:
-        repo = [(_strip(r, scan.inside), st) for r, st in scan.tree if _under(r, scan.inside)]
+        repo = [(_strip(r, scan.inside), e) for r, e in scan.tree if _under(r, scan.inside)]
         entries = _repo_entries(join(ws, scan.inside), repo, scan.inside, saver, ws)
-    for rel, st in scan.tree:
+    for rel, e in scan.tree:
         if rel in entries:
             continue
         path = join(ws, rel)
         digest = ""
-        if stat.S_ISREG(st.st_mode):
+        if e[0] == FILE:
             tracked = scan.index.get(rel)
             clean = dirty is not None and rel not in dirty
             digest = _digest_or_nothing(
-                lambda: _file_digest(path, st, tracked, clean, saver, scan.hash_name)  # noqa: B023
+                lambda: _file_digest(path, e[4], tracked, clean, saver, scan.hash_name)  # noqa: B023
             )
-        elif stat.S_ISLNK(st.st_mode):
+        elif e[0] == LINK:
             digest = _digest_or_nothing(lambda: "l:" + os.readlink(path))  # noqa: B023
-        entries[rel] = entry_of(st, digest)
+        entries[rel] = (*e[:8], digest)
     return TreeRecord("workspace", ws, True, entries)
 
 

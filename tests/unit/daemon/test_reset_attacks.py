@@ -367,3 +367,19 @@ def test_objects_git_freshens_in_a_packed_repository_are_not_drift(tmp_path: Pat
         _pristine_again(ws)
     finally:
         stop_daemon(d)
+
+
+def test_loose_objects_git_packed_away_are_written_again(tmp_path: Path) -> None:
+    """git's automatic gc (over 6700 loose objects) packs the pristine loose
+    objects and deletes them: reset writes them again from the new pack."""
+    d, ws = _start(tmp_path)
+    try:
+        _agent(d, ws, f"echo v2 > app.py && git {GIT_ID} commit -qam agent && git gc -q")
+        assert not [p for p in (ws / ".git" / "objects").iterdir() if len(p.name) == 2]
+        report = d.ok("POST", "/v1/reset")
+        assert report["clean"] is True, report
+        _pristine_again(ws)
+        assert not list((ws / ".git" / "objects" / "pack").glob("*.pack"))
+        assert git(ws, "fsck", "--no-dangling") == ""
+    finally:
+        stop_daemon(d)
