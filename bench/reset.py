@@ -122,7 +122,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     f.write_text(f"edited {r} {i}\n")
                     (f.parent / f"new_{r}_{i}.py").write_text("x = 1\n")
                 _git(ws, "add", "-A")
-                _git(ws, "commit", "-qm", f"rollout {r}")
+                # In a sandbox, reset kills a detached auto-gc with everything
+                # else; run from here, it must finish before the reset starts.
+                _git(ws, "-c", "gc.autoDetach=false", "commit", "-qm", f"rollout {r}")
                 rep = _call(port, token, "POST", "/v1/reset")
                 assert rep["clean"], rep
                 undo_ms.append(rep["duration_ms"])
