@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import glob
+import hashlib
 import logging
 import os
 from pathlib import Path
@@ -74,8 +75,6 @@ async def prepare(st: DaemonState, workspace: Path | None) -> Pristine | None:
         elif found.has_deferred:
             # The previous run died before hashing them: what they held at
             # first use is unknown now.
-            from sandman.daemon.survey import finish_deferred
-
             found.replace(finish_deferred(found.record(), hashed=False))
             await loop.run_in_executor(None, found.save, path, st.pristine_key)
         return found
@@ -102,8 +101,6 @@ async def prepare(st: DaemonState, workspace: Path | None) -> Pristine | None:
 
 async def _finish(pristine: Pristine, rec: Record, path: Path, key: bytes) -> None:
     """Hash the deferred files (packs) after start-up; reset waits for it."""
-    from sandman.daemon.survey import finish_deferred
-
     loop = asyncio.get_running_loop()
     try:
         done = await loop.run_in_executor(None, finish_deferred, rec)
@@ -111,3 +108,42 @@ async def _finish(pristine: Pristine, rec: Record, path: Path, key: bytes) -> No
         await loop.run_in_executor(None, pristine.save, path, key)
     except OSError as e:
         log.warning("cannot persist the completed pristine record to %s: %s", path, e)
+
+
+def finish_deferred(rec: Record, hashed: bool = True) -> Record:
+    """Fill in the digests left for later (synchronous: run it in a thread).
+
+    A file is hashed only if it still has its recorded fingerprint before and
+    after the read (else it changed in between, and its digest is "x:",
+    unknown). ``hashed=False`` marks them all unknown (a restarted daemon
+    cannot know what they held at first use).
+    """
+    from sandman.daemon.snapshot import entry_of, join
+
+    trees = {t.root: t for t in rec.trees}
+    for root, rel in rec.deferred:
+        t = trees.get(root)
+        if t is None or rel not in t.entries:
+            continue
+        entry = t.entries[rel]
+        digest = "x:"
+        if hashed:
+            try:
+                fd = os.open(join(root, rel), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except OSError:
+                fd = -1
+            if fd >= 0:
+                try:
+                    if entry_of(os.fstat(fd))[:8] == entry[:8]:
+                        h = hashlib.blake2b(digest_size=20)
+                        while chunk := os.read(fd, 1 << 20):
+                            h.update(chunk)
+                        if entry_of(os.fstat(fd))[:8] == entry[:8]:
+                            digest = "b:" + h.hexdigest()
+                except OSError:
+                    pass
+                finally:
+                    os.close(fd)
+        t.entries[rel] = (*entry[:8], digest)  # type: ignore[assignment]
+    rec.deferred = []
+    return rec

@@ -20,7 +20,8 @@ import os
 import shutil
 import stat
 
-from sandman.daemon.gitread import GitReadError, ObjectStore
+from sandman.daemon.gitindex import GitReadError
+from sandman.daemon.gitread import ObjectStore
 from sandman.daemon.pristine import Record, TreeRecord
 from sandman.daemon.snapshot import DIR, FILE, LINK, Diff, Entry, join, top_level
 

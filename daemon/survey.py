@@ -21,7 +21,6 @@ Three kinds of trees are recorded:
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import stat
 import time
@@ -31,17 +30,16 @@ from pathlib import Path
 
 from sandman.daemon import gitsafe
 from sandman.daemon.children import ChildReaper
-from sandman.daemon.gitread import (
-    MAX_BLOB_BYTES,
+from sandman.daemon.gitindex import (
     GitReadError,
     IndexEntry,
-    blob_id,
     common_dir,
     git_dir_of,
     hash_name,
     read_head,
     read_index,
 )
+from sandman.daemon.gitread import MAX_BLOB_BYTES, blob_id
 from sandman.daemon.pristine import Record, TreeRecord
 from sandman.daemon.snapshot import (
     FILE,
@@ -362,40 +360,3 @@ async def take(
         if scan.git_dir is not None and scan.index and not scan.converting:
             dirty = await gitsafe.dirty_files(reaper, base_env, scan.git_dir, workspace)
     return await loop.run_in_executor(None, _build, scan, dirty, manifests, pythons, skip, clock())
-
-
-def finish_deferred(rec: Record, hashed: bool = True) -> Record:
-    """Fill in the digests left for later (synchronous: run it in a thread).
-
-    A file is hashed only if it still has its recorded fingerprint before and
-    after the read (else it changed in between, and its digest is "x:",
-    unknown). ``hashed=False`` marks them all unknown (a restarted daemon
-    cannot know what they held at first use).
-    """
-    trees = {t.root: t for t in rec.trees}
-    for root, rel in rec.deferred:
-        t = trees.get(root)
-        if t is None or rel not in t.entries:
-            continue
-        entry = t.entries[rel]
-        digest = "x:"
-        if hashed:
-            try:
-                fd = os.open(join(root, rel), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-            except OSError:
-                fd = -1
-            if fd >= 0:
-                try:
-                    if entry_of(os.fstat(fd))[:8] == entry[:8]:
-                        h = hashlib.blake2b(digest_size=20)
-                        while chunk := os.read(fd, 1 << 20):
-                            h.update(chunk)
-                        if entry_of(os.fstat(fd))[:8] == entry[:8]:
-                            digest = "b:" + h.hexdigest()
-                except OSError:
-                    pass
-                finally:
-                    os.close(fd)
-        t.entries[rel] = (*entry[:8], digest)  # type: ignore[assignment]
-    rec.deferred = []
-    return rec

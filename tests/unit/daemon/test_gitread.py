@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sandman.daemon import gitread
+from sandman.daemon import gitindex, gitread
 from tests.unit.daemon.helpers import git
 
 
@@ -44,8 +44,8 @@ def test_blobs_from_loose_objects_and_deep_delta_chains(tmp_path: Path, fmt: str
         git(repo, "add", "-A")
         git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", f"c{i}")
     loose = _every_blob(repo)
-    gd = gitread.git_dir_of(repo)
-    assert gd is not None and gitread.hash_name(gd) == fmt
+    gd = gitindex.git_dir_of(repo)
+    assert gd is not None and gitindex.hash_name(gd) == fmt
     store = gitread.ObjectStore(gd / "objects", fmt)
     assert {oid: store.blob(oid) for oid in loose} == loose
     store.close()
@@ -54,7 +54,7 @@ def test_blobs_from_loose_objects_and_deep_delta_chains(tmp_path: Path, fmt: str
     store = gitread.ObjectStore(gd / "objects", fmt)
     assert {oid: store.blob(oid) for oid in loose} == loose
     store.close()
-    commit, branch = gitread.read_head(gd)  # from packed-refs after gc
+    commit, branch = gitindex.read_head(gd)  # from packed-refs after gc
     assert branch == "main" and commit == git(repo, "rev-parse", "HEAD").strip()
 
 
@@ -69,7 +69,7 @@ def test_index_versions_and_skip_worktree(tmp_path: Path, version: str) -> None:
     git(repo, "update-index", "--index-version", version)
     if version == "3":
         git(repo, "update-index", "--skip-worktree", "dir/b.txt")
-    entries = gitread.read_index(repo / ".git" / "index")
+    entries = gitindex.read_index(repo / ".git" / "index")
     want = {
         line.split("\t")[1]: line.split(" ")[1] for line in git(repo, "ls-files", "-s").splitlines()
     }
@@ -89,11 +89,11 @@ def test_an_altered_object_or_a_non_blob_is_refused(tmp_path: Path) -> None:
     path.chmod(0o644)
     path.write_bytes(zlib.compress(b"blob 5\0fake\n"))
     store = gitread.ObjectStore(repo / ".git" / "objects")
-    with pytest.raises(gitread.GitReadError, match="does not hash to its id"):
+    with pytest.raises(gitindex.GitReadError, match="does not hash to its id"):
         store.blob(oid)
-    with pytest.raises(gitread.GitReadError, match="not a blob"):
+    with pytest.raises(gitindex.GitReadError, match="not a blob"):
         store.blob(git(repo, "rev-parse", "HEAD").strip())
-    with pytest.raises(gitread.GitReadError, match="not in the repository"):
+    with pytest.raises(gitindex.GitReadError, match="not in the repository"):
         store.blob("0" * 40)
 
 
@@ -109,8 +109,8 @@ def test_alternates_and_linked_worktrees(tmp_path: Path) -> None:
     assert store.blob(oid) == b"shared\n"
     wt = tmp_path / "wt"
     git(origin, "worktree", "add", "-q", "-b", "side", str(wt))
-    gd = gitread.git_dir_of(wt)
+    gd = gitindex.git_dir_of(wt)
     assert gd is not None and (gd / "commondir").is_file()
-    assert gitread.read_head(gd) == (git(origin, "rev-parse", "HEAD").strip(), "side")
-    common = gitread.common_dir(gd)
+    assert gitindex.read_head(gd) == (git(origin, "rev-parse", "HEAD").strip(), "side")
+    common = gitindex.common_dir(gd)
     assert gitread.ObjectStore(common / "objects").blob(oid) == b"shared\n"
