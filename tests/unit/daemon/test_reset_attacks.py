@@ -383,3 +383,64 @@ def test_loose_objects_git_packed_away_are_written_again(tmp_path: Path) -> None
         assert git(ws, "fsck", "--no-dangling") == ""
     finally:
         stop_daemon(d)
+
+
+def test_a_hostile_repository_in_the_image_runs_nothing_at_first_use(tmp_path: Path) -> None:
+    """The one git command the daemon runs (diff-files, before the first
+    request) runs hardened: the repository's fsmonitor, hooks, pager and
+    core.worktree are ignored, and its filter drivers make the daemon hash
+    natively instead of asking git at all."""
+    marker = tmp_path / "pwned"
+    hook = tmp_path / "hook.sh"
+    hook.write_text(f"#!/bin/sh\necho ran >> {marker}\ncat\n")
+    hook.chmod(0o755)
+    decoy = tmp_path / "decoy"
+    decoy.mkdir()
+    ws, _ = make_workspace(tmp_path)
+    for key, value in (
+        ("core.fsmonitor", str(hook)),
+        ("core.hooksPath", str(tmp_path)),
+        ("core.pager", str(hook)),
+        ("core.worktree", str(decoy)),
+    ):
+        git(ws, "config", key, value)
+    for name in ("post-index-change", "reference-transaction"):
+        (tmp_path / name).write_text(hook.read_text())
+        (tmp_path / name).chmod(0o755)
+    (tmp_path / "tmp1").mkdir()
+    d = start_daemon(tmp_path, f"--workspace={ws}", f"--temp-dir={tmp_path / 'tmp1'}")
+    try:
+        assert not marker.exists(), "first use ran the repository's code"
+        _agent(d, ws, "echo hacked > app.py")
+        report = d.ok("POST", "/v1/reset")
+        assert report["clean"] is True, report
+        assert (ws / "app.py").read_text() == "print('v1')\n"
+        assert not marker.exists()
+    finally:
+        stop_daemon(d)
+    # Filter drivers named in the attributes: the daemon does not call git.
+    ws2 = tmp_path / "second"
+    ws2.mkdir()
+    git(ws2, "init", "-q", "-b", "main")
+    (ws2 / ".gitattributes").write_text("*.py filter=evil\n")
+    (ws2 / "app.py").write_text("print('v1')\n")
+    git(ws2, "add", "-A")
+    git(ws2, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "pristine")
+    git(ws2, "config", "filter.evil.clean", str(hook))
+    git(ws2, "config", "filter.evil.smudge", str(hook))
+    marker.unlink(missing_ok=True)
+    (tmp_path / "d2").mkdir()
+    d = start_daemon(
+        tmp_path,
+        f"--workspace={ws2}",
+        f"--temp-dir={tmp_path / 'tmp1'}",
+        f"--daemon-dir={tmp_path / 'd2'}",
+    )
+    try:
+        assert not marker.exists(), "first use ran a filter driver"
+        _agent(d, ws2, "echo hacked > app.py")
+        report = d.ok("POST", "/v1/reset")
+        assert report["clean"] is True, report
+        assert (ws2 / "app.py").read_text() == "print('v1')\n" and not marker.exists()
+    finally:
+        stop_daemon(d)
