@@ -104,7 +104,11 @@ async def _finish(pristine: Pristine, rec: Record, path: Path, key: bytes) -> No
     loop = asyncio.get_running_loop()
     try:
         done = await loop.run_in_executor(None, finish_deferred, rec)
-        pristine.replace(done)
+    except Exception:  # then those files stay without a digest: a change is drift
+        log.exception("hashing the pristine record's packs failed")
+        return
+    pristine.replace(done)
+    try:
         await loop.run_in_executor(None, pristine.save, path, key)
     except OSError as e:
         log.warning("cannot persist the completed pristine record to %s: %s", path, e)

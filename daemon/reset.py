@@ -277,7 +277,11 @@ async def reset(st: DaemonState) -> ResetReport:
 
     pristine = st.pristine
     skip = skip_ids(st)
-    keep: tuple[Path, ...] = (st.config.daemon_dir,)
+    # Never emptied with a temp dir: the daemon's dir, and whatever the
+    # daemon was told to restore or verify (even when its record is lost).
+    keep: tuple[Path, ...] = (st.config.daemon_dir, *st.config.manifest_files)
+    if st.config.workspace is not None:
+        keep += (st.config.workspace,)
     if pristine is not None and pristine.invalid:
         drift.append(
             f"{pristine.invalid}; this sandbox's pristine state cannot be verified: replace it"
