@@ -9,6 +9,7 @@ freezes /healthz and makes the pod NotReady.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 from collections.abc import Callable, Mapping
@@ -17,7 +18,14 @@ from typing import Any, TypeVar
 from sandman.daemon import files
 from sandman.daemon.commands import run_command
 from sandman.daemon.errors import BadRequest, Conflict, PayloadTooLarge, Unavailable
-from sandman.daemon.http import Request, Response, Router, StreamResponse, json_response
+from sandman.daemon.http import (
+    Request,
+    Response,
+    Router,
+    StreamResponse,
+    Upgraded,
+    json_response,
+)
 from sandman.daemon.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from sandman.daemon.output import decode, encode
 from sandman.daemon.requests import (
@@ -208,6 +216,22 @@ async def exec_(request: Request) -> Response | StreamResponse:
     await resp.write(json.dumps({"type": "result", **final}).encode() + b"\n")
     await resp.write_eof()
     return resp
+
+
+# -- interactive terminal -----------------------------------------------------------
+async def pty(request: Request) -> Upgraded:
+    """A program on a pseudo-terminal over a WebSocket (protocol: terminal.py)."""
+    from sandman.daemon import terminal
+    from sandman.daemon.websocket import WebSocket, WebSocketClosed, check_handshake
+
+    st = _state(request)
+    key = check_handshake(request)  # errors before the upgrade are plain HTTP
+    terminal.check_capacity(st)
+    ws = WebSocket(request)
+    await ws.accept(key)
+    with contextlib.suppress(WebSocketClosed):
+        await terminal.run(ws, st)
+    return Upgraded()
 
 
 # -- sessions ---------------------------------------------------------------------
@@ -494,6 +518,7 @@ ROUTES: Mapping[tuple[str, str], Callable[[Request], Any]] = {
     ("GET", "/metrics"): metrics,
     ("GET", "/v1/status"): status,
     ("POST", "/v1/exec"): exec_,
+    ("GET", "/v1/pty"): pty,
     ("POST", "/v1/sessions"): session_create,
     ("GET", "/v1/sessions"): session_list,
     ("GET", "/v1/sessions/{id}"): session_get,

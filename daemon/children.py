@@ -190,6 +190,70 @@ def spawn(
     )
 
 
+# ioctl request numbers from <asm-generic/ioctls.h> (x86_64 and arm64 share
+# them): the termios extension module is not in the runtime tree for two
+# constants.
+TIOCSCTTY = 0x540E
+TIOCSWINSZ = 0x5414
+
+
+def set_window_size(fd: int, rows: int, cols: int) -> None:
+    """Tell a terminal its size; the kernel sends SIGWINCH to its foreground group."""
+    import fcntl  # built into the tree's interpreter; only terminals need it
+    import struct
+
+    fcntl.ioctl(fd, TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+def _take_controlling_terminal() -> None:  # pragma: no cover - runs in the child
+    # After setsid() (start_new_session) and the dup2 of the terminal to fds
+    # 0-2: make it the new session's controlling terminal, so that Ctrl-C
+    # (ISIG) and SIGWINCH reach the program and job control works.
+    import fcntl
+
+    fcntl.ioctl(0, TIOCSCTTY, 0)
+
+
+def spawn_pty(
+    reaper: ChildReaper,
+    argv: Sequence[str],
+    *,
+    cwd: str | None,
+    env: Mapping[str, str],
+    rows: int,
+    cols: int,
+) -> tuple[Child, int]:
+    """Start ``argv`` on a new pseudo-terminal as the leader of its own session.
+
+    Returns (child, master fd, non-blocking). The child's stdin, stdout and
+    stderr are the terminal; raises OSError when it cannot start.
+    """
+    master, slave = os.openpty()
+    try:
+        set_window_size(slave, rows, cols)
+        with reaper.children_oom_score_adj():
+            proc = subprocess.Popen(
+                list(argv),
+                cwd=cwd,
+                env=dict(env),
+                stdin=slave,
+                stdout=slave,
+                stderr=slave,
+                start_new_session=True,
+                close_fds=True,
+                # A preexec_fn costs the vfork fast path; terminals are rare.
+                preexec_fn=_take_controlling_terminal,
+            )
+    except BaseException:
+        os.close(master)
+        raise
+    finally:
+        os.close(slave)  # the child holds it: EIO on the master once it is gone
+    proc.returncode = 0  # the reaper owns the exit status (see spawn)
+    os.set_blocking(master, False)
+    return Child(pid=proc.pid, exited=reaper.watch(proc.pid)), master
+
+
 def _popen(
     argv: Sequence[str],
     cwd: str | None,

@@ -219,3 +219,40 @@ def signal_request(body: Any) -> int:
 def optional_fields(body: Any, allowed: set[str], what: str) -> Mapping[str, Any]:
     """Check a small body (or none) against the fields it may have."""
     return _check_fields(body if body is not None else {}, allowed, what)
+
+
+@dataclass(frozen=True)
+class PtyRequest:
+    """An interactive program on a pseudo-terminal (``/v1/pty``'s first message)."""
+
+    argv: tuple[str, ...] | None  # None: the image's shell
+    cwd: str | None
+    env: dict[str, str]
+    rows: int
+    cols: int
+    term: str
+
+
+PTY_FIELDS = {"cmd", "cwd", "env", "rows", "cols", "term"}
+# struct winsize holds unsigned shorts; real terminals stay far below.
+MAX_PTY_SIZE = 4096
+
+
+def pty_request(body: Any) -> PtyRequest:
+    b = _check_fields(body, PTY_FIELDS, "pty")
+    term = _str(b, "term", default="xterm-256color") or "xterm-256color"
+    if "\0" in term or "=" in term:
+        raise BadRequest("term must be a terminal type name such as xterm-256color")
+    return PtyRequest(
+        argv=_argv(b) if b.get("cmd") is not None else None,
+        cwd=_str(b, "cwd"),
+        env=_env(b),
+        rows=_int(b, "rows", 24, 1, MAX_PTY_SIZE),
+        cols=_int(b, "cols", 80, 1, MAX_PTY_SIZE),
+        term=term,
+    )
+
+
+def resize_request(body: Any) -> tuple[int, int]:
+    b = _check_fields(body, {"type", "rows", "cols"}, "resize")
+    return _int(b, "rows", 24, 1, MAX_PTY_SIZE), _int(b, "cols", 80, 1, MAX_PTY_SIZE)

@@ -272,6 +272,11 @@ class Sessions:
         self._default_cwd = default_cwd
         self._sessions: dict[str, Session] = {}
 
+    @property
+    def default_cwd(self) -> str:
+        """Where sessions (and terminals) start: the workspace, else /."""
+        return self._default_cwd
+
     def _shell(self, wanted: str | None) -> str:
         if wanted:
             if not os.access(wanted, os.X_OK):

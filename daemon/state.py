@@ -39,6 +39,7 @@ class DaemonState:
     pristine: Pristine | None = None
     pristine_key: bytes = b""  # HMAC key of the record on disk (reset.prepare)
     started: bool = False  # startup finished (pristine recorded, command started)
+    terminals: int = 0  # /v1/pty sessions open now
     stopping: bool = False
     # Set by SIGTERM/SIGINT, or by the supervised command's exit under
     # --exit-with-command (then command_finished is True too).

@@ -216,7 +216,12 @@ async def cmd_exec(args: argparse.Namespace, client: SandmanClient) -> int:
 
 async def cmd_shell(args: argparse.Namespace, client: SandmanClient) -> int:
     sb = await Sandbox.attach(client, args.pod)
-    session = await sb.session()
+    if sys.stdin.isatty() and sys.stdout.isatty():
+        # A terminal: the image's shell on a pseudo-terminal (vim, REPLs, Ctrl-C).
+        from sandman.cli import terminal
+
+        return await terminal.interactive(sb)
+    session = await sb.session()  # piped: one command per line, cd/export persist
     cwd = "/"
     interactive = sys.stdin.isatty()
     loop = asyncio.get_running_loop()

@@ -20,6 +20,7 @@ from sandman.client.errors import (
     TransportError,
     Unauthorized,
 )
+from sandman.client.pty import Terminal
 from sandman.client.results import ExecResult, Process, Session
 from sandman.client.sandbox import Sandbox, Timings
 from sandman.client.transport import MockResponse, MockTransport
@@ -39,6 +40,7 @@ __all__ = [
     "SandmanError",
     "Session",
     "StreamAborted",
+    "Terminal",
     "Timings",
     "TransportError",
     "Unauthorized",

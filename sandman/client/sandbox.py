@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from dataclasses import dataclass
 from typing import Any
 
+from sandman.client import pty as pty_mod
 from sandman.client import startup
 from sandman.client.client import UNSET, SandmanClient
 from sandman.client.errors import (
@@ -437,6 +438,29 @@ class Sandbox:
             body["env"] = dict(env)
         doc = await self._call("POST", "/v1/sessions", body=body)
         return Session(self, doc["id"])
+
+    async def pty(
+        self,
+        cmd: str | Sequence[str] | None = None,
+        *,
+        rows: int = 24,
+        cols: int = 80,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        term: str = "xterm-256color",
+        timeout_s: float = pty_mod.START_TIMEOUT_S,
+    ) -> pty_mod.Terminal:
+        """An interactive program (default: the image's shell) on a terminal of
+        ``rows`` x ``cols``: vim, a REPL. See sandman.client.pty.Terminal."""
+        sock = await self.client.transport.websocket(await self._target(), "/v1/pty", timeout_s)
+        start = pty_mod.start_message(cmd, rows=rows, cols=cols, cwd=cwd, env=env, term=term)
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await pty_mod.Terminal.open(sock, start)
+        except TimeoutError:
+            raise TransportError(
+                f"{self}: the terminal did not start in {timeout_s:.0f}s"
+            ) from None
 
     async def start(
         self,
