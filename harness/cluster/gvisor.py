@@ -39,10 +39,11 @@ RUNTIME_CLASS = "gvisor"  # what pods (and a policy's runtimeClassName) name
 HANDLER = "runsc"  # the CRI runtime name in containerd's config
 RUNTIME_TYPE = "io.containerd.runsc.v1"  # -> binary containerd-shim-runsc-v1
 # Measured on this machine (`sandman bench gvisor`, docs/performance.md): an
-# idle sandbox costs about 75 MB more (PSS) under gVisor than under runc (its
-# Sentry, gofer and a second shim). Declared as pod overhead so the scheduler
-# and the pod's cgroup account for it.
-POD_OVERHEAD = {"memory": "80Mi"}
+# idle sandbox's host processes take about 116 MB more (PSS: 140 vs 24 MB)
+# under gVisor than under runc (its Sentry and systrap stubs, a gofer per
+# container, a second shim). Declared as pod overhead so the scheduler counts
+# it and the pod's cgroup limit leaves room for it.
+POD_OVERHEAD = {"memory": "120Mi"}
 
 
 def runsc_toml(runsc: Path, root: Path) -> str:
