@@ -41,21 +41,40 @@ def tree_key(rt: Path) -> str:
     return parts[1]
 
 
-def _copy_tree(src: Path, dest: Path) -> bool:
+def _read_only(root: Path) -> None:
+    """No write bit anywhere below ``root`` (directories included): besides
+    the read-only mount, nothing on the node writes a shared tree by mistake."""
+    for d, _dirs, files in os.walk(root, topdown=False):
+        for name in files:
+            p = os.path.join(d, name)
+            if not os.path.islink(p):
+                os.chmod(p, os.stat(p).st_mode & ~0o222)
+        os.chmod(d, os.stat(d).st_mode & ~0o222)
+
+
+def _copy_tree(src: Path, dest: Path, *, read_only: bool = False) -> bool:
     """Copy ``src`` to ``dest`` atomically; False if ``dest`` already existed."""
     if (dest / MARKER).exists():
         return False
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}-{os.urandom(4).hex()}")
     shutil.copytree(src, tmp, symlinks=True)
+    if read_only:
+        _read_only(tmp)
     try:
         os.rename(tmp, dest)
     except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _discard(tmp)
         if (dest / MARKER).exists():
             return False  # another installer won the race: same content
         raise
     return True
+
+
+def _discard(tmp: Path) -> None:
+    for d, _, _ in os.walk(tmp):  # read-only dirs first get their write bit back
+        os.chmod(d, 0o755)
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def install(dest: str, shared_dir: str | None = None) -> tuple[Path, bool]:
@@ -68,7 +87,7 @@ def install(dest: str, shared_dir: str | None = None) -> tuple[Path, bool]:
         return target, _copy_tree(src, target)
     key = tree_key(src)
     target = Path(shared_dir) / key / "rt"
-    copied = _copy_tree(src, target)
+    copied = _copy_tree(src, target, read_only=True)
     link = Path(dest) / "rt"
     tmp_link = Path(dest) / f".rt.tmp-{os.getpid()}"
     tmp_link.unlink(missing_ok=True)

@@ -11,6 +11,7 @@ from pathlib import Path
 from sandman.contract import NAMESPACE
 from sandman.serving import add_listen_flag
 from sandman.webhook.imageconfig import LOOKUP_BUDGET_S
+from sandman.webhook.mutate import DEFAULT_SHARED_DIR, DELIVERIES
 from sandman.webhook.schedulers import DEFAULT_LEASES, lease_map, parse_lease_flag
 
 SERVICE = "sandman-webhook"
@@ -25,6 +26,10 @@ class WebhookConfig:
     kubeconfig: Path | None = None  # None: in-cluster service account
     namespace: str = NAMESPACE  # where our Secrets live
     daemon_image: str = "127.0.0.1:5000/sandman/daemon:latest"
+    # How the daemon reaches sandboxes (webhook/mutate.py DELIVERIES): a copy
+    # per pod by default; policy rules may choose per namespace.
+    daemon_delivery: str = "copy"
+    daemon_shared_dir: str = DEFAULT_SHARED_DIR  # the node directory of "shared"
     policy_file: Path | None = None
     policy_configmap: str | None = None  # "namespace/name", watched through the API
     # TLS: Secret-managed (default) or mounted files (e.g. cert-manager).
@@ -87,6 +92,20 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         required="SANDMAN_DAEMON_IMAGE" not in os.environ,
         help="image the init container copies sandmand from",
     )
+    p.add_argument(
+        "--daemon-delivery",
+        choices=DELIVERIES,
+        default="copy",
+        help="how the daemon reaches sandboxes unless a policy rule says "
+        "(daemonDelivery): copy = into each pod (passes Pod Security restricted), "
+        "shared = once per node, mounted read-only (a hostPath volume)",
+    )
+    p.add_argument(
+        "--daemon-shared-dir",
+        type=_absolute,
+        default=DEFAULT_SHARED_DIR,
+        help="node directory of the shared delivery",
+    )
     p.add_argument("--policy-file", type=Path, default=None)
     p.add_argument("--policy-configmap", default=None, help="NAMESPACE/NAME, watched")
     p.add_argument("--tls-cert-file", type=Path, default=None)
@@ -141,6 +160,13 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _absolute(value: str) -> str:
+    norm = os.path.normpath(value)
+    if not value.startswith("/") or norm == "/" or norm != value.rstrip("/"):
+        raise argparse.ArgumentTypeError(f"{value!r}: expected an absolute, normalised directory")
+    return norm
+
+
 def _endpoint(value: str) -> tuple[str, str]:
     host, eq, url = value.partition("=")
     if not (eq and host and url.startswith(("http://", "https://"))):
@@ -156,6 +182,8 @@ def from_args(args: argparse.Namespace) -> WebhookConfig:
         kubeconfig=args.kubeconfig,
         namespace=args.namespace,
         daemon_image=args.daemon_image,
+        daemon_delivery=args.daemon_delivery,
+        daemon_shared_dir=args.daemon_shared_dir,
         policy_file=args.policy_file,
         policy_configmap=args.policy_configmap,
         tls_cert_file=args.tls_cert_file,

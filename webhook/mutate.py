@@ -48,7 +48,7 @@ from sandman.contract import (
 from sandman.kube_async import escape_pointer
 from sandman.quantity import parse_quantity
 from sandman.webhook.hardening import capability_ops
-from sandman.webhook.policy import RuleSet, profile_of
+from sandman.webhook.policy import Profile, RuleSet, profile_of
 from sandman.webhook.reinject import strip_injection
 from sandman.webhook.rewrite import (
     ImageFacts,
@@ -111,17 +111,47 @@ class MutationError(ValueError):
         self.rule = rule
 
 
+# How the daemon's runtime tree reaches a sandbox (docs/performance.md):
+# "copy": the init container copies it into the pod's emptyDir (~14 MB per
+# pod; passes Pod Security `restricted`). "shared": installed once per node
+# into a node directory (hostPath) that every sandbox mounts read-only (0 per
+# pod; hostPath is refused by Pod Security `baseline` and `restricted`).
+DELIVERIES = ("copy", "shared")
+DEFAULT_SHARED_DIR = "/var/lib/sandman/daemon"
+# The namespace label with which Pod Security admission enforces a level
+# (pod-security.kubernetes.io/enforce); these levels refuse hostPath volumes.
+PSA_ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
+PSA_NO_HOST_PATH = ("baseline", "restricted")
+
+
 @dataclass(frozen=True)
 class InjectionSettings:
     daemon_image: str
     version: str
     port: int = DAEMON_PORT
-    # Opt-in (docs/performance.md): a node directory (hostPath) where each
-    # daemon tree is installed once per node and mounted read-only into every
-    # sandbox, instead of a copy per pod. None: a copy per pod (the default).
-    daemon_shared_dir: str | None = None
+    # The install-wide delivery (--daemon-delivery); a policy rule's
+    # daemonDelivery overrides it per namespace.
+    daemon_delivery: str = "copy"
+    # The node directory of the shared delivery (--daemon-shared-dir).
+    daemon_shared_dir: str = DEFAULT_SHARED_DIR
     scheduler_name: str = SCHEDULER_NAME
     set_scheduler: bool = True
+
+
+def delivery_for(
+    default: str, rule_choice: str | None, namespace_labels: Mapping[str, str]
+) -> tuple[str, str | None]:
+    """(delivery, warning) for a sandbox: the rule's choice, else the
+    install-wide one; never "shared" where Pod Security admission would then
+    refuse the pod (the copy passes `restricted`), which the warning says."""
+    wanted = rule_choice or default
+    level = namespace_labels.get(PSA_ENFORCE_LABEL, "")
+    if wanted == "shared" and level in PSA_NO_HOST_PATH:
+        return "copy", (
+            f"the daemon is copied into this pod, not shared from the node: the namespace "
+            f"enforces Pod Security {level!r}, which refuses hostPath volumes"
+        )
+    return wanted, None
 
 
 @dataclass
@@ -187,12 +217,12 @@ def daemon_command(port: int, original: list[str], flags: Sequence[str] = ()) ->
     return [*DAEMON_ARGV, "serve", f"--listen=0.0.0.0:{port}", *flags, "--", *original]
 
 
-def install_container(settings: InjectionSettings) -> dict[str, Any]:
+def install_container(settings: InjectionSettings, shared: bool = False) -> dict[str, Any]:
     """The init container that places the daemon's runtime tree (see daemon/install.py)."""
     mounts = [{"name": VOLUME, "mountPath": INIT_TARGET}]
     command = [*DAEMON_ARGV, "install", INIT_TARGET]
     security = INIT_SECURITY
-    if settings.daemon_shared_dir:
+    if shared:
         mounts.append({"name": DAEMON_SHARED_VOLUME, "mountPath": INIT_SHARED})
         command += ["--shared", INIT_SHARED]
         security = INIT_SECURITY_SHARED
@@ -207,7 +237,9 @@ def install_container(settings: InjectionSettings) -> dict[str, Any]:
     }
 
 
-def _daemon_volumes(m: Mutation, spec: dict[str, Any], settings: InjectionSettings) -> None:
+def _daemon_volumes(
+    m: Mutation, spec: dict[str, Any], settings: InjectionSettings, shared: bool
+) -> None:
     volumes = spec.get("volumes")
     reserved = {VOLUME, DAEMON_SHARED_VOLUME}
     if volumes and any(v.get("name") in reserved for v in volumes):
@@ -223,7 +255,7 @@ def _daemon_volumes(m: Mutation, spec: dict[str, Any], settings: InjectionSettin
                         "reserved for the daemon"
                     )
     _append(m, "/spec/volumes", volumes, {"name": VOLUME, "emptyDir": {}})
-    if settings.daemon_shared_dir:
+    if shared:
         m.op(
             "add",
             "/spec/volumes/-",
@@ -244,6 +276,7 @@ def mutate(
     token_hash_for: Callable[[str], str],
     images: Mapping[str, ImageFacts] | None = None,
     marks: Callable[[str], dict[str, str]] | None = None,
+    namespace_labels: Mapping[str, str] | None = None,
 ) -> Mutation:
     """The patch that turns a labeled pod into a sandbox.
 
@@ -313,8 +346,15 @@ def mutate(
     _apply_resources(m, pod, rule)
 
     # -- the daemon: volume, install step, the target container ---------------
-    _daemon_volumes(m, spec, settings)
-    init = install_container(settings)
+    delivery, note = delivery_for(
+        settings.daemon_delivery, rule.daemon_delivery, namespace_labels or {}
+    )
+    if note:
+        m.warnings.append(note)
+    shared = delivery == "shared"
+    _daemon_volumes(m, spec, settings, shared)
+    init = install_container(settings, shared)
+    _guarantee_install(init, container, rule, profile_of(pod, rule))
     inits = spec.get("initContainers")
     if inits and any(c.get("name") == INIT_CONTAINER for c in inits):
         raise MutationError(f"init container name {INIT_CONTAINER!r} is reserved")
@@ -332,13 +372,18 @@ def mutate(
         image = facts.image if "@" in facts.image else f"{facts.image}@{m.image_digest}"
         m.op("add", f"/metadata/annotations/{escape_pointer(ANN_ENTRYPOINT_FROM)}", image)
     flags = ["--exit-with-command"] if exit_with_command and run else []
+    prof = profile_of(pod, rule)
+    if prof is not None and not prof.reuse:
+        # A profile without reuse (eval: one fresh sandbox per task): the
+        # daemon refuses /v1/reset; review.py refuses claims of such pods.
+        flags.append("--no-reset")
     if exit_with_command and not run:
         m.warnings.append(
             f"container {container.get('name')}: no command to exit with; "
             "the sandbox stays until released"
         )
     _rewrite_container(
-        m, f"/spec/containers/{idx}", container, settings, token_hash, ann, run, flags
+        m, f"/spec/containers/{idx}", container, settings, token_hash, ann, run, flags, shared
     )
     return m
 
@@ -395,6 +440,7 @@ def _rewrite_container(
     ann: dict[str, str],
     run: list[str],
     flags: list[str],
+    shared: bool,
 ) -> None:
     name = c.get("name")
     try:
@@ -426,7 +472,7 @@ def _rewrite_container(
     if mounts and any(v.get("mountPath") == DAEMON_DIR for v in mounts):
         raise MutationError(f"container {name} already mounts something at {DAEMON_DIR}")
     _append(m, f"{base}/volumeMounts", mounts, {"name": VOLUME, "mountPath": DAEMON_DIR})
-    if settings.daemon_shared_dir:
+    if shared:
         # Read-only: a sandbox can run the node's daemon trees, never change them.
         m.op(
             "add",
@@ -514,6 +560,27 @@ def resolved_resources(c: dict[str, Any], rule: RuleSet, guaranteed: bool) -> di
     if lim:
         res["limits"] = lim
     return res
+
+
+def _guarantee_install(
+    init: dict[str, Any], container: dict[str, Any], rule: RuleSet, prof: Profile | None
+) -> None:
+    """Requests = limits on the install step too, for a Guaranteed QoS profile.
+
+    The kubelet counts init containers in a pod's QoS class: with the install
+    step's small requests under larger limits, a pod whose own containers are
+    all Guaranteed is still Burstable (its CPU is shared, its eviction order
+    differs), and an eval run measured on it would not be what the profile
+    promised. The step's CPU is capped at the container's own CPU limit, so
+    the pod asks the scheduler for no more than the task's size.
+    """
+    if prof is None or not prof.guaranteed_qos:
+        return
+    limits = dict(INIT_RESOURCES["limits"])
+    own = (resolved_resources(container, rule, True).get("limits") or {}).get("cpu")
+    if own and parse_quantity(own) < parse_quantity(limits["cpu"]):
+        limits["cpu"] = own
+    init["resources"] = {"requests": dict(limits), "limits": dict(limits)}
 
 
 def _apply_resources(m: Mutation, pod: dict[str, Any], rule: RuleSet) -> None:

@@ -35,6 +35,8 @@ RESOURCE_NAMES = ("cpu", "memory", "ephemeral-storage")
 SCHEDULER_CHOICES = ("sandman", "pod", "default")
 # Which sandboxes end with their command (webhook/rewrite.py `exits_with_command`).
 EXIT_CHOICES = ("owner", "always", "never")
+# How the daemon reaches sandboxes (webhook/mutate.py `delivery_for`).
+DELIVERY_CHOICES = ("copy", "shared")
 SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
 TOLERATION_OPERATORS = ("Exists", "Equal")
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
@@ -111,6 +113,7 @@ class RuleSet:
     default_profile: str = "rollout"
     scheduler: str = "sandman"
     exit_with_command: str = "owner"
+    daemon_delivery: str | None = None  # None: the webhook's --daemon-delivery
 
     def matches(self, ns_labels: dict[str, str]) -> bool:
         if any(ns_labels.get(k) != v for k, v in self.match_labels.items()):
@@ -273,6 +276,7 @@ def _rule(raw: Any, index: int) -> RuleSet:
         default_profile=f.text("defaultProfile", "rollout") or "rollout",
         scheduler=f.text("scheduler", "sandman", choices=SCHEDULER_CHOICES) or "sandman",
         exit_with_command=f.text("exitWithCommand", "owner", choices=EXIT_CHOICES) or "owner",
+        daemon_delivery=f.text("daemonDelivery", None, choices=DELIVERY_CHOICES),
     )
     for sub in (defaults, res, ttl, idle, pf, f):
         sub.done()

@@ -27,7 +27,7 @@ from sandman.contract import (
 )
 from sandman.webhook.checks import check
 from sandman.webhook.mutate import InjectionSettings, MutationError, mutate
-from sandman.webhook.policy import Policy, RuleSet, Violation
+from sandman.webhook.policy import Policy, RuleSet, Violation, profile_of
 from sandman.webhook.rewrite import ImageFacts
 from sandman.webhook.updates import HARD_RULES, update_violations
 
@@ -163,6 +163,7 @@ def decide_mutation(ctx: Context, r: Review) -> Outcome:
             token_hash_for=lambda sid: ctx.token_hash_for(r.namespace, sid),
             marks=(lambda sid: ctx.marks(r.namespace, sid)) if ctx.marks else None,
             images=ctx.images,
+            namespace_labels=ctx.namespace_labels(r.namespace),
         )
     except MutationError as e:
         message = f"sandman: [contract] {e}" if e.rule == "contract" else str(e)
@@ -228,6 +229,9 @@ def _validate_update(ctx: Context, r: Review, rule: RuleSet) -> Outcome:
     old, new = r.old or {}, r.obj
     if not is_sandbox(old) and not is_sandbox(new):
         return Outcome(True, result="skipped")
+    refused = _claim_without_reuse(r, rule)
+    if refused is not None:
+        return refused
     violations = update_violations(
         old,
         new,
@@ -247,6 +251,37 @@ def _validate_update(ctx: Context, r: Review, rule: RuleSet) -> Outcome:
             mode="enforce",
         )
     return _apply_mode(violations, rule)
+
+
+def _claim_without_reuse(r: Review, rule: RuleSet) -> Outcome | None:
+    """Refuse a claim of a pod whose profile has ``reuse: false`` (eval: one
+    fresh sandbox per task, so nobody's result depends on what ran before in
+    it), in every mode, as the profile's other settings are applied in every
+    mode. The daemon refuses /v1/reset for the same pods (``--no-reset``)."""
+
+    def claimed(pod: dict[str, Any]) -> bool:
+        lab = labels(pod)
+        return lab.get(LABEL_CLAIM) == CLAIM_HELD or lab.get(LABEL_STATE) == STATE_CLAIMED
+
+    old = r.old or {}
+    if claimed(old) or not claimed(r.obj):
+        return None
+    prof = next(
+        (p for p in (profile_of(old, rule), profile_of(r.obj, rule)) if p and not p.reuse), None
+    )
+    if prof is None:
+        return None
+    return Outcome(
+        False,
+        message=(
+            f"sandman policy {rule.name!r}: [no-reuse] pod {_name(r)} has profile {prof.name!r}, "
+            "whose sandboxes are used once (reuse: false) and cannot be claimed; fix: create "
+            "a new sandbox for each task instead of claiming one from a pool"
+        ),
+        result="denied",
+        rule_ids=["no-reuse"],
+        mode="enforce",
+    )
 
 
 def _validate_delete(r: Review) -> Outcome:

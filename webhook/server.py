@@ -93,7 +93,12 @@ class WebhookState:
         return Context(
             policy=self.policy.current,
             namespace_labels=self.ns_labels,
-            settings=InjectionSettings(daemon_image=self.config.daemon_image, version=__version__),
+            settings=InjectionSettings(
+                daemon_image=self.config.daemon_image,
+                version=__version__,
+                daemon_delivery=self.config.daemon_delivery,
+                daemon_shared_dir=self.config.daemon_shared_dir,
+            ),
             now=lambda: dt.datetime.now(dt.UTC),
             new_id=tokens.new_sandbox_id,
             token_hash_for=token_hash_for,

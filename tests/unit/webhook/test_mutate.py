@@ -377,19 +377,68 @@ def test_install_step_passes_pod_security_restricted_and_has_limits() -> None:
 def test_shared_mode_mounts_the_node_directory_read_only() -> None:
     from dataclasses import replace
 
-    settings = replace(SETTINGS, daemon_shared_dir="/var/lib/sandman/daemon")
-    out, _ = injected(pod(), settings=settings)
-    spec = out["spec"]
-    shared = next(v for v in spec["volumes"] if v["name"] == "sandman-daemon-shared")
-    assert shared["hostPath"] == {"path": "/var/lib/sandman/daemon", "type": "DirectoryOrCreate"}
-    init = spec["initContainers"][0]
-    assert init["command"][-2:] == ["--shared", "/sandman-shared"]
-    mounts = spec["containers"][0]["volumeMounts"]
-    assert {
-        "name": "sandman-daemon-shared",
-        "mountPath": "/.sandman/shared",
-        "readOnly": True,
-    } in mounts
+    # On by the install-wide flag, or by a rule: either way the same pod.
+    for settings, rule in (
+        (replace(SETTINGS, daemon_delivery="shared", daemon_shared_dir="/srv/sd"), RULE),
+        (replace(SETTINGS, daemon_shared_dir="/srv/sd"), RuleSet("r", daemon_delivery="shared")),
+    ):
+        out, _ = injected(pod(), rule=rule, settings=settings)
+        spec = out["spec"]
+        shared = next(v for v in spec["volumes"] if v["name"] == "sandman-daemon-shared")
+        assert shared["hostPath"] == {"path": "/srv/sd", "type": "DirectoryOrCreate"}
+        init = spec["initContainers"][0]
+        assert init["command"][-2:] == ["--shared", "/sandman-shared"]
+        assert init["securityContext"]["runAsUser"] == 0  # the node directory is root's
+        mounts = spec["containers"][0]["volumeMounts"]
+        assert {
+            "name": "sandman-daemon-shared",
+            "mountPath": "/.sandman/shared",
+            "readOnly": True,
+        } in mounts
+
+
+def test_copy_mode_is_the_default_and_a_rule_can_opt_out_of_shared() -> None:
+    from dataclasses import replace
+
+    for settings, rule in (
+        (SETTINGS, RULE),
+        (replace(SETTINGS, daemon_delivery="shared"), RuleSet("r", daemon_delivery="copy")),
+    ):
+        out, m = injected(pod(), rule=rule, settings=settings)
+        spec = out["spec"]
+        assert not [v for v in spec["volumes"] if "hostPath" in v]
+        assert "--shared" not in spec["initContainers"][0]["command"]
+        assert not [w for w in m.warnings if "Pod Security" in w]
+
+
+def test_namespaces_enforcing_pod_security_get_the_copy_with_a_warning() -> None:
+    from sandman.webhook.mutate import delivery_for
+
+    enforce = "pod-security.kubernetes.io/enforce"
+    for level in ("baseline", "restricted"):
+        mode, note = delivery_for("shared", None, {enforce: level})
+        assert mode == "copy" and note is not None and level in note
+        mode, note = delivery_for("copy", "shared", {enforce: level})
+        assert mode == "copy" and note is not None
+    assert delivery_for("shared", None, {enforce: "privileged"}) == ("shared", None)
+    assert delivery_for("shared", None, {}) == ("shared", None)
+    assert delivery_for("copy", None, {enforce: "restricted"}) == ("copy", None)
+    # Through mutate: the patch passes `restricted`, the warning is returned.
+    from dataclasses import replace
+
+    m = mutate(
+        pod(),
+        rule=RULE,
+        settings=replace(SETTINGS, daemon_delivery="shared"),
+        now=NOW,
+        new_id=lambda: "abc123",
+        token_hash_for=lambda sid: "h" * 64,
+        namespace_labels={enforce: "restricted"},
+    )
+    out = apply(pod(), m.patch)
+    assert not [v for v in out["spec"]["volumes"] if "hostPath" in v]
+    assert out["spec"]["initContainers"][0]["securityContext"]["runAsNonRoot"] is True
+    assert any("Pod Security" in w for w in m.warnings)
 
 
 def test_a_container_of_the_pod_may_not_mount_the_daemons_volumes() -> None:
