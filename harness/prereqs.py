@@ -21,7 +21,12 @@ from sandman.harness.cluster.hostsetup import (
 
 # Tools only the tests use (not the real node): Prometheus's promtool checks
 # the alert rules and the components' metrics (tests/integration/test_monitoring.py).
-TEST_TOOLS = (Requirement("promtool", "prometheus"),)
+TEST_TOOLS = (
+    Requirement("promtool", "prometheus"),
+    # The CLI runs under Debian's own python3.11 (3.11.2, the oldest Python we
+    # support: no tarfile filters) in a venv (tests/e2e/test_kubectl_user.py).
+    Requirement("/usr/lib/python3.11/ensurepip/__init__.py", "python3.11-venv"),
+)
 ALL = (*REQUIREMENTS, *TEST_TOOLS)
 
 

@@ -25,9 +25,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "extend": ("sandman.cli.sandboxes", "extend a sandbox's lease"),
     "release": ("sandman.cli.sandboxes", "release (delete) sandboxes"),
     "token": ("sandman.cli.sandboxes", "print a sandbox's access token"),
+    "ps": ("sandman.cli.sandboxes", "a sandbox's background processes"),
+    "logs": ("sandman.cli.sandboxes", "a background process's output (or the container log)"),
+    "port-forward": ("sandman.cli.sandboxes", "forward local ports to ports inside a sandbox"),
     "pool": ("sandman.cli.pools", "warm pools: create, ls, scale, delete"),
     "claim": ("sandman.cli.pools", "claim a sandbox from a warm pool"),
+    "completion": ("sandman.cli.completion", "print the shell completion script (bash, zsh)"),
     "fleet": ("sandman.cli.fleet", "run a batch of rollouts (results stream as JSON lines)"),
+    "eval": ("sandman.cli.eval", "score agents on a benchmark spec under controlled conditions"),
     "e2b-gateway": (
         "sandman.adapters.e2b.cli",
         "serve E2B's API over Sandman sandboxes (point E2B's SDK at it)",
@@ -79,6 +84,10 @@ def _import(module: str):  # type: ignore[no-untyped-def]
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["__complete"]:  # what the completion scripts call (hidden)
+        from sandman.cli.completion import complete_main
+
+        return complete_main(argv[1:])
     # `sandman run IMAGE -- CMD...` / `sandman exec POD -- CMD...`: what follows
     # `--` is the command, verbatim. Split it off here: argparse's own `--`
     # handling does not work across subcommands.

@@ -18,9 +18,18 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from sandman.cli.sandboxes import default_namespace
+from sandman.cli import common
+from sandman.cli.common import CliError, add_kube_flags
+from sandman.cli.output import Column, add_output_flag, emit, strip_kind
 from sandman.client import Sandbox, SandboxStartError, SandmanClient
-from sandman.contract import ANN_EXPIRES_AT, ANN_TTL, LABEL_ID, LABEL_POOL, parse_duration
+from sandman.contract import (
+    ANN_EXPIRES_AT,
+    ANN_PROFILE,
+    ANN_TTL,
+    LABEL_ID,
+    LABEL_POOL,
+    parse_duration,
+)
 from sandman.kube_async import PODS, REPLICASETS, ApiError, KubeClient, list_all
 from sandman.pools.claim import NoIdlePod, claim
 from sandman.pools.health import FAILING, PoolHealth, pool_health
@@ -32,15 +41,10 @@ DEFAULT_CLAIM_TTL = "30m"
 POLL_S = 0.5
 
 
-class CliError(Exception):
-    """Reported as one line on stderr, exit code 1."""
-
-
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     def common(p: argparse.ArgumentParser, cmd: Cmd) -> None:
-        p.add_argument("-n", "--namespace", default=None, help="default: the kubeconfig's")
-        p.add_argument("--kubeconfig", default=None)
-        p.set_defaults(func=lambda args: _run(args, cmd))
+        add_kube_flags(p)
+        p.set_defaults(func=lambda args: common_run(args, cmd))
 
     pool = sub.add_parser("pool", help="warm pools: ReplicaSets of idle sandboxes")
     verbs = pool.add_subparsers(dest="pool_cmd", required=True)
@@ -63,7 +67,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
     p = verbs.add_parser("ls", help="pools with their live health (computed from their pods)")
     common(p, cmd_ls)
-    p.add_argument("--json", action="store_true")
+    add_output_flag(p)
+    p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # = -o json
 
     p = verbs.add_parser("scale", help="set a pool's size (its ReplicaSet's replicas)")
     common(p, cmd_scale)
@@ -94,22 +99,25 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--ready-only", action="store_true", help="never claim a pod still starting")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for Ready (300)")
     p.add_argument("--claimer", help="recorded on the pod (default: $USER@hostname)")
-    p.add_argument("-o", "--output", choices=["name", "json"], default="name")
+    p.add_argument(
+        "-o",
+        "--output",
+        choices=["name", "json", "yaml"],
+        default=None,
+        help="name: pod/NAME; json|yaml: the claim's details (default: NAME)",
+    )
 
 
-def _run(args: argparse.Namespace, cmd: Cmd) -> int:
-    args.namespace = args.namespace or default_namespace(args.kubeconfig)
+def common_run(args: argparse.Namespace, cmd: Cmd) -> int:
+    async def with_namespace(args: argparse.Namespace, client: SandmanClient) -> int:
+        args.namespace = client.namespace  # the flag's, else the context's
+        return await cmd(args, client)
 
-    async def main() -> int:
-        async with SandmanClient(kubeconfig=args.kubeconfig, namespace=args.namespace) as client:
-            return await cmd(args, client)
+    return common.run(args, with_namespace)
 
-    try:
-        return asyncio.run(main())
-    # ValueError: a bad name, size or duration; OSError: no apiserver to talk to.
-    except (CliError, ValueError, ApiError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+
+def pool_arg(name: str) -> str:
+    return strip_kind(name, "pool")
 
 
 async def _on_pool(name: str, ns: str, call: Awaitable[Any]) -> Any:
@@ -146,6 +154,7 @@ def parse_toleration(text: str) -> dict[str, str]:
 
 
 async def cmd_create(args: argparse.Namespace, client: SandmanClient) -> int:
+    args.name = pool_arg(args.name)
     spec = PoolSpec(
         name=args.name,
         image=args.image,
@@ -200,7 +209,7 @@ async def cmd_ls(args: argparse.Namespace, client: SandmanClient) -> int:
     by_pool: dict[str, list[dict[str, Any]]] = {}
     for pod in await _pool_pods(kube, ns):
         by_pool.setdefault(pod["metadata"]["labels"][LABEL_POOL], []).append(pod)
-    rows: list[tuple[dict[str, Any], PoolHealth]] = []
+    rows: list[dict[str, Any]] = []
     for rs in sorted(sets, key=lambda r: r["metadata"]["name"]):
         name, spec = rs["metadata"]["labels"][LABEL_POOL], rs["spec"]
         h = pool_health(by_pool.get(name, []))
@@ -208,22 +217,39 @@ async def cmd_ls(args: argparse.Namespace, client: SandmanClient) -> int:
             h.condition = FAILING  # pool_health sees pods only, not pods never created
         image, size = spec["template"]["spec"]["containers"][0]["image"], spec.get("replicas", 0)
         row = {"name": name, "namespace": ns, "image": image, "size": size, "reason": why}
-        rows.append((row, h))
-    if args.json:
-        print(json.dumps([{**r, **h.to_json()} for r, h in rows], indent=2))
-        return 0
-    fmt = "{:<20} {:<40} {:>5} {:>10} {:>8} {:>7} {:>7} {:<9} {}"
-    head = ("NAME", "IMAGE", "SIZE", "IDLE-READY", "STARTING", "FAILING", "CLAIMED")
-    print(fmt.format(*head, "CONDITION", "REASON"))
-    for r, h in rows:
-        counts = (h.ready, h.starting, h.failing, h.claimed)
-        print(fmt.format(r["name"], r["image"], r["size"], *counts, h.condition, r["reason"][:80]))
+        row |= {"ttl": template_ttl(rs), "profile": template_ann(rs).get(ANN_PROFILE)}
+        rows.append({**row, **h.to_json()})
+    emit(rows, POOL_COLUMNS, "json" if args.json else args.output, kind="pool")
     return 0
+
+
+def template_ann(rs: dict[str, Any]) -> dict[str, str]:
+    return dict(rs["spec"]["template"]["metadata"].get("annotations") or {})
+
+
+def template_ttl(rs: dict[str, Any]) -> str | None:
+    return template_ann(rs).get(ANN_TTL)
+
+
+POOL_COLUMNS = [
+    Column("NAME", "name"),
+    Column("IMAGE", "image"),
+    Column("SIZE", "size"),
+    Column("IDLE-READY", "ready"),
+    Column("STARTING", "starting"),
+    Column("FAILING", "failing"),
+    Column("CLAIMED", "claimed"),
+    Column("CONDITION", "condition"),
+    Column("REASON", "reason", show=lambda v: (v or "")[:80]),
+    Column("TTL", "ttl", wide=True),
+    Column("PROFILE", "profile", wide=True),
+]
 
 
 async def cmd_scale(args: argparse.Namespace, client: SandmanClient) -> int:
     if args.size < 0:
         raise CliError(f"size must be >= 0, got {args.size}")
+    args.name = pool_arg(args.name)
     patch = [{"op": "replace", "path": "/spec/replicas", "value": args.size}]
     rs_name, ns = replicaset_name(args.name), args.namespace
     await _on_pool(args.name, ns, client.kube.patch(REPLICASETS, rs_name, patch, ns))
@@ -232,6 +258,7 @@ async def cmd_scale(args: argparse.Namespace, client: SandmanClient) -> int:
 
 
 async def cmd_delete(args: argparse.Namespace, client: SandmanClient) -> int:
+    args.name = pool_arg(args.name)
     rs_name, ns = replicaset_name(args.name), args.namespace
     # Background: the ReplicaSet goes now, the garbage collector takes its pods.
     delete = client.kube.delete(REPLICASETS, rs_name, ns, propagation_policy="Background")
@@ -251,7 +278,7 @@ def _no_idle(pool: str, rs: dict[str, Any], h: PoolHealth, waited: float) -> Cli
 
 
 async def cmd_claim(args: argparse.Namespace, client: SandmanClient) -> int:
-    kube, ns, pool = client.kube, args.namespace, args.pool
+    kube, ns, pool = client.kube, args.namespace, pool_arg(args.pool)
     rs = await _get_pool(kube, pool, ns)
     template_ann = rs["spec"]["template"]["metadata"].get("annotations") or {}
     ttl = parse_duration(args.ttl or template_ann.get(ANN_TTL) or DEFAULT_CLAIM_TTL, field="--ttl")
@@ -302,5 +329,10 @@ async def cmd_claim(args: argparse.Namespace, client: SandmanClient) -> int:
         "conflicts": res.conflicts,
         "claim_s": round(time.monotonic() - t0, 3),
     }
-    print(json.dumps(doc) if args.output == "json" else sb.name)
+    if args.output == "json":
+        print(json.dumps(doc))  # one line: scripts read it with jq
+    elif args.output == "yaml":
+        emit([doc], [], "yaml", kind="pod")
+    else:
+        print(f"pod/{sb.name}" if args.output == "name" else sb.name)
     return 0

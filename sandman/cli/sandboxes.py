@@ -1,9 +1,12 @@
-"""Sandbox commands for kubectl-only users: run, exec, shell, cp, ls, extend, release, token.
+"""Sandbox commands for kubectl-only users.
 
+run, exec, shell, cp, ls, ps, logs, port-forward, extend, release, token.
 Installed as `sandman` and as the kubectl plugin `kubectl-sandman`, so
 `kubectl sandman exec POD -- CMD` works with nothing but a kubeconfig: the
 token is derived from the namespace's `sandman-access` Secret, which the
-user's own RBAC lets them read.
+user's own RBAC lets them read (manifests/rbac: the sandman-user role).
+Every command takes kubectl's `--kubeconfig`, `--context` and
+`-n/--namespace`; names may be given as `pod/NAME`, as `-o name` prints them.
 """
 
 from __future__ import annotations
@@ -14,161 +17,211 @@ import datetime as dt
 import io
 import json
 import os
+import signal
 import sys
 import tarfile
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlencode
 
-from sandman.client import Sandbox, SandboxStartError, SandmanClient, SandmanError
+import aiohttp
+
+from sandman.cli import common
+from sandman.cli.common import CliError, add_kube_flags
+from sandman.cli.output import Column, add_output_flag, duration, emit, strip_kind
+from sandman.client import DaemonError, Sandbox, SandmanClient, SandmanError
+from sandman.client.results import Process
 from sandman.contract import (
+    ANN_CLAIMED_BY,
+    ANN_CONTAINER,
     ANN_EXPIRES_AT,
     ANN_IDLE_TIMEOUT,
     ANN_KEY_ID,
+    ANN_PROFILE,
+    LABEL_POOL,
     LABEL_SANDBOX,
     annotations,
     parse_time,
 )
-from sandman.kube_async import PODS, list_all
+from sandman.kube_async import PODS, ApiError, KubeconfigError, list_all, load_credentials
 
-Cmd = Callable[[argparse.Namespace, SandmanClient], Awaitable[int]]
+# kubectl's annotation naming a pod's default container (for `logs`).
+DEFAULT_CONTAINER_ANN = "kubectl.kubernetes.io/default-container"
+# `logs -f` long-polls the daemon this long per request (the daemon's cap is 60).
+FOLLOW_POLL_S = 30.0
+# `ls` asks each sandbox's daemon for its idle time; beyond this many sandboxes
+# only those with an idle timeout are asked (the others' idleness changes nothing).
+LS_IDLE_POLL_MAX = 50
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("-n", "--namespace", default=None, help="default: the kubeconfig's")
-        p.add_argument("--kubeconfig", default=None)
-        p.add_argument("--transport", choices=["auto", "direct", "proxy"], default="auto")
-        p.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    def cmd(name: str, fn: Any, **kw: Any) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, **kw)
+        add_kube_flags(p, transport=True)
+        p.set_defaults(sandbox_cmd=fn)
+        return p
 
-    p = sub.add_parser(
+    p = cmd(
         "run",
+        cmd_run,
         help="create a sandbox from IMAGE and print its name",
         usage="%(prog)s [options] IMAGE [-- COMMAND ...]",
     )
-    common(p)
     p.add_argument("image")
     p.add_argument("--name")
-    p.add_argument("--ttl")
+    p.add_argument("--ttl", help="lease, e.g. 30m (default: the policy's)")
     p.add_argument("--idle-timeout")
     p.add_argument("--profile")
     p.add_argument("--workspace")
-    p.add_argument("--env", action="append", default=[], metavar="K=V")
+    p.add_argument("--env", "-e", action="append", default=[], metavar="K=V")
     p.add_argument("--cpu")
     p.add_argument("--memory")
-    p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--node-selector", action="append", default=[], metavar="K=V")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for Ready")
+    p.add_argument(
+        "-o",
+        "--output",
+        choices=["name", "json", "yaml"],
+        default=None,
+        help="name: pod/NAME; json|yaml: name, namespace, id, ip, timings (default: NAME)",
+    )
     # The command comes after `--` (split off before argparse sees it: argparse
     # mishandles `--` inside subcommands), so options may follow IMAGE.
-    p.set_defaults(sandbox_cmd=cmd_run, command=[])
+    p.set_defaults(command=[])
 
-    p = sub.add_parser(
+    p = cmd(
         "exec",
+        cmd_exec,
         help="run a command in a sandbox; its exit code is ours",
         usage="%(prog)s [options] POD -- COMMAND ...",
     )
-    common(p)
     p.add_argument("pod")
     p.add_argument("--cwd")
+    p.add_argument("--env", "-e", action="append", default=[], metavar="K=V")
     p.add_argument("--timeout", type=float, default=600.0)
-    p.set_defaults(sandbox_cmd=cmd_exec, command=[])
+    p.add_argument(
+        "-i", "--stdin", action="store_true", help="send our stdin (read to its end first)"
+    )
+    p.add_argument(
+        "-d",
+        "--detach",
+        action="store_true",
+        help="start it as a background process and print its id (see `logs`, `ps`)",
+    )
+    p.add_argument("--name", help="with -d: a name for `logs POD NAME`")
+    p.set_defaults(command=[])
 
-    p = sub.add_parser("shell", help="an interactive shell session (cd/export persist)")
-    common(p)
+    p = cmd("shell", cmd_shell, help="an interactive shell session (cd/export persist)")
     p.add_argument("pod")
-    p.set_defaults(sandbox_cmd=cmd_shell)
 
-    p = sub.add_parser("cp", help="copy files: POD:PATH LOCAL, or LOCAL POD:PATH")
-    common(p)
+    p = cmd(
+        "cp",
+        cmd_cp,
+        help="copy files: POD:PATH LOCAL, or LOCAL POD:PATH",
+        description="Copy a file or tree out of a sandbox or into it, as cp does: into DST "
+        "if it is a directory (or ends with /), else to DST as the new name.",
+    )
     p.add_argument("src")
     p.add_argument("dst")
-    p.set_defaults(sandbox_cmd=cmd_cp)
 
-    p = sub.add_parser("ls", help="sandboxes with age, lease left, idle time, node, state")
-    common(p)
+    p = cmd("ls", cmd_ls, help="sandboxes with age, lease left, idle time, node, state")
     p.add_argument("-A", "--all-namespaces", action="store_true")
-    p.set_defaults(sandbox_cmd=cmd_ls)
+    p.add_argument("-l", "--selector", help="label selector, as kubectl's (ANDed with sandboxes)")
+    add_output_flag(p)
 
-    p = sub.add_parser("extend", help="move a sandbox's lease end to now + DURATION")
-    common(p)
+    p = cmd("ps", cmd_ps, help="a sandbox's background processes (running and finished)")
+    p.add_argument("pod")
+    add_output_flag(p)
+
+    p = cmd(
+        "logs",
+        cmd_logs,
+        help="a background process's output, or the sandbox container's log",
+        description="`logs POD PROC` prints the output of a background process (PROC: its "
+        "id or name, see `ps`); `logs POD` prints the container's log (the image's own "
+        "command), as kubectl logs does.",
+    )
+    p.add_argument("pod")
+    p.add_argument("proc", nargs="?")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing until it ends")
+    p.add_argument("--stream", choices=["combined", "stdout", "stderr"], default="combined")
+    p.add_argument("-c", "--container", help="without PROC: this container's log")
+
+    p = cmd(
+        "port-forward",
+        cmd_port_forward,
+        help="forward local ports to ports inside a sandbox",
+        usage="%(prog)s [options] POD [LOCAL:]REMOTE ...",
+        description="Through the pods/portforward API, as kubectl port-forward: the port is "
+        "dialled inside the sandbox's network namespace, so servers bound to 127.0.0.1 "
+        "there work. LOCAL 0 or empty (`:8080`) picks a free port.",
+    )
+    p.add_argument("pod")
+    p.add_argument("ports", nargs="+", metavar="[LOCAL:]REMOTE")
+    p.add_argument("--address", default="127.0.0.1", help="local address to listen on")
+
+    p = cmd("extend", cmd_extend, help="move a sandbox's lease end to now + DURATION")
     p.add_argument("pod")
     p.add_argument("duration")
-    p.set_defaults(sandbox_cmd=cmd_extend)
 
-    p = sub.add_parser("release", help="delete a sandbox")
-    common(p)
+    p = cmd("release", cmd_release, help="delete sandboxes")
     p.add_argument("pod", nargs="+")
-    p.set_defaults(sandbox_cmd=cmd_release)
 
-    p = sub.add_parser("token", help="print a sandbox's daemon token")
-    common(p)
+    p = cmd("token", cmd_token, help="print a sandbox's daemon token")
     p.add_argument("pod")
-    p.set_defaults(sandbox_cmd=cmd_token)
 
 
-def default_namespace(kubeconfig: str | None) -> str:
-    import yaml
-
-    path = (
-        kubeconfig
-        or os.environ.get("KUBECONFIG", "").split(":")[0]
-        or str(Path.home() / ".kube" / "config")
-    )
+def default_namespace(kubeconfig: str | None, context: str | None = None) -> str:
+    """The context's namespace, as kubectl uses it ("default" without a config)."""
     try:
-        doc = yaml.safe_load(Path(path).read_text())
-        ctx = next(c["context"] for c in doc["contexts"] if c["name"] == doc["current-context"])
-        return str(ctx.get("namespace") or "default")
-    except (OSError, KeyError, StopIteration, TypeError):
+        return load_credentials(kubeconfig, context).namespace
+    except KubeconfigError:
         return "default"
 
 
 def run_sandbox_command(args: argparse.Namespace) -> int:
-    ns = args.namespace or default_namespace(args.kubeconfig)
-
-    async def main() -> int:
-        async with SandmanClient(
-            kubeconfig=args.kubeconfig, namespace=ns, transport=args.transport
-        ) as client:
-            return await args.sandbox_cmd(args, client)
-
-    try:
-        return asyncio.run(main())
-    except SandboxStartError as e:
-        print(
-            f"error: sandbox did not start: {e.reason}: {e.message} "
-            f"({'retryable' if e.retryable else 'not retryable'})",
-            file=sys.stderr,
-        )
-        return 3
-    except SandmanError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return common.run(args, args.sandbox_cmd)
 
 
 def _progress(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def _pairs(items: list[str], what: str) -> dict[str, str]:
+    if bad := [s for s in items if "=" not in s]:
+        raise CliError(f"{what} {bad[0]!r}: expected KEY=VALUE")
+    return dict(s.split("=", 1) for s in items)
+
+
+def pod_arg(name: str) -> str:
+    return strip_kind(name, "pod", "pods")
+
+
+async def attach(client: SandmanClient, name: str) -> Sandbox:
+    return await Sandbox.attach(client, pod_arg(name))
+
+
 async def cmd_run(args: argparse.Namespace, client: SandmanClient) -> int:
-    env = dict(kv.split("=", 1) for kv in args.env)
+    env = _pairs(args.env, "--env")
     resources = {}
     if args.cpu or args.memory:
         req = {k: v for k, v in (("cpu", args.cpu), ("memory", args.memory)) if v}
         resources = {"requests": req, "limits": req}
-    command = args.command
-    _progress(f"creating a sandbox of {args.image} ...")
+    _progress(f"creating a sandbox of {args.image} in namespace {client.namespace} ...")
     t0 = time.monotonic()
     sb = await Sandbox.create(
         client,
         args.image,
         name=args.name,
-        command=command or None,
+        command=args.command or None,
         env=env,
         resources=resources or None,
         ttl=args.ttl,
         idle_timeout=args.idle_timeout,
         profile=args.profile,
         workspace=args.workspace,
+        node_selector=_pairs(args.node_selector, "--node-selector") or None,
         timeout_s=args.timeout,
     )
     phases = {k: round(v, 3) for k, v in sb.timings.phases().items() if v is not None}
@@ -176,31 +229,32 @@ async def cmd_run(args: argparse.Namespace, client: SandmanClient) -> int:
         f"ready in {time.monotonic() - t0:.1f}s on {sb.pod['spec'].get('nodeName')} "
         f"({', '.join(f'{k}={v}' for k, v in phases.items())})"
     )
-    if args.output == "json":
-        print(
-            json.dumps(
-                {
-                    "name": sb.name,
-                    "namespace": sb.namespace,
-                    "id": sb.id,
-                    "ip": sb.ip,
-                    "timings": phases,
-                }
-            )
-        )
+    doc = {"name": sb.name, "namespace": sb.namespace, "id": sb.id, "ip": sb.ip, "timings": phases}
+    if args.output in ("json", "yaml"):
+        emit([doc], [], args.output, kind="pod")  # a one-row listing, same encoders
     else:
-        print(sb.name)
+        print(f"pod/{sb.name}" if args.output == "name" else sb.name)
     return 0
 
 
 async def cmd_exec(args: argparse.Namespace, client: SandmanClient) -> int:
     command = args.command
     if not command:
-        print("error: give a command after --", file=sys.stderr)
-        return 2
-    sb = await Sandbox.attach(client, args.pod)
+        raise CliError("give a command after --, e.g. `sandman exec POD -- ls -l`")
+    env = _pairs(args.env, "--env") or None
+    sb = await attach(client, args.pod)
+    if args.detach:
+        if args.stdin:
+            raise CliError("-d and -i do not go together (a detached process has no stdin here)")
+        proc = await sb.start(command, cwd=args.cwd, env=env, name=args.name)
+        print(proc.id)
+        _progress(f"started pid {proc.pid}; its output: sandman logs {sb.name} {proc.id} -f")
+        return 0
+    stdin = sys.stdin.buffer.read() if args.stdin else None
     code = 0
-    async for item in sb.exec_stream(command, cwd=args.cwd, timeout_s=args.timeout):
+    async for item in sb.exec_stream(
+        command, cwd=args.cwd, env=env, stdin=stdin, timeout_s=args.timeout
+    ):
         if isinstance(item, tuple):
             out = sys.stdout if item[0] == "stdout" else sys.stderr
             out.buffer.write(item[1])
@@ -215,7 +269,7 @@ async def cmd_exec(args: argparse.Namespace, client: SandmanClient) -> int:
 
 
 async def cmd_shell(args: argparse.Namespace, client: SandmanClient) -> int:
-    sb = await Sandbox.attach(client, args.pod)
+    sb = await attach(client, args.pod)
     if sys.stdin.isatty() and sys.stdout.isatty():
         # A terminal: the image's shell on a pseudo-terminal (vim, REPLs, Ctrl-C).
         from sandman.cli import terminal
@@ -246,116 +300,285 @@ async def cmd_shell(args: argparse.Namespace, client: SandmanClient) -> int:
     return 0
 
 
-def _split(spec: str) -> tuple[str | None, str]:
-    if ":" in spec and not spec.startswith(("/", ".")):
+# -- cp ------------------------------------------------------------------------------
+def split_spec(spec: str) -> tuple[str | None, str]:
+    """``POD:PATH`` (also ``pod/POD:PATH``) or a local path (``./a:b`` is local)."""
+    if ":" in spec and not spec.startswith(("/", ".", "~")):
         pod, path = spec.split(":", 1)
-        return pod, path
+        return pod_arg(pod), path
     return None, spec
 
 
+async def _is_remote_dir(sb: Sandbox, path: str) -> bool:
+    try:
+        st = await sb.stat(path)
+    except DaemonError as e:
+        if e.status == 404:
+            return False
+        raise
+    return str(st.get("type")) == "dir"
+
+
 async def cmd_cp(args: argparse.Namespace, client: SandmanClient) -> int:
-    src_pod, src = _split(args.src)
-    dst_pod, dst = _split(args.dst)
+    from sandman.cli import copying
+
+    src_pod, src = split_spec(args.src)
+    dst_pod, dst = split_spec(args.dst)
     if (src_pod is None) == (dst_pod is None):
-        print("error: exactly one of SRC and DST must be POD:PATH", file=sys.stderr)
-        return 2
+        raise CliError("exactly one of SRC and DST must be POD:PATH")
     if src_pod is not None:
         sb = await Sandbox.attach(client, src_pod)
         data = await sb.download_tar(src)
-        target = Path(dst)
+        target = Path(dst).expanduser()
         with tarfile.open(fileobj=io.BytesIO(data)) as tar:
             members = tar.getmembers()
-            top = Path(src.rstrip("/")).name
-            if target.is_dir():
-                tar.extractall(target, filter="data")
-            else:
-                # `cp POD:/a/file ./newname`: rename the single top entry.
-                for m in members:
-                    m.name = str(Path(target.name) / Path(m.name).relative_to(top))
-                tar.extractall(target.parent or Path("."), members=members, filter="data")
-        print(f"copied {len(members)} entries", file=sys.stderr)
+            if not members:
+                raise CliError(f"{src_pod}:{src}: nothing to copy")
+            top = members[0].name.split("/")[0]
+            try:
+                if target.is_dir() or dst.endswith("/"):
+                    copying.extract(tar, target, members)
+                else:
+                    copying.rename_top(members, top, target.name)
+                    copying.extract(tar, target.parent, members)
+            except copying.UnsafeArchive as e:
+                msg = f"refused the archive from {src_pod}: {e} (nothing written)"
+                raise CliError(msg) from None
+        _progress(f"copied {len(members)} entries")
         return 0
     assert dst_pod is not None
+    source = Path(src).expanduser()
+    if not source.exists():
+        raise CliError(f"{src}: no such file or directory")
     sb = await Sandbox.attach(client, dst_pod)
+    if dst.endswith("/") or await _is_remote_dir(sb, dst):
+        directory, name = dst, source.resolve().name
+    else:  # `cp file POD:/dir/newname`: the copy gets the new name
+        directory, name = os.path.dirname(dst.rstrip("/")) or "/", os.path.basename(dst)
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        tar.add(src, arcname=Path(src).name)
-    stats = await sb.upload_tar(dst, buf.getvalue())
-    print(f"copied {stats['files']} files, {stats['bytes']} bytes", file=sys.stderr)
+        tar.add(str(source), arcname=name)
+    stats = await sb.upload_tar(directory, buf.getvalue())
+    _progress(f"copied {stats['files']} files, {stats['bytes']} bytes")
     return 0
+
+
+# -- listings ----------------------------------------------------------------------------
+def target_container(pod: dict[str, Any]) -> str:
+    """The sandbox's container: the annotation's, kubectl's default, else the first."""
+    ann = annotations(pod)
+    containers = [c["name"] for c in (pod.get("spec") or {}).get("containers") or []]
+    for want in (ann.get(ANN_CONTAINER), ann.get(DEFAULT_CONTAINER_ANN)):
+        if want in containers:
+            return str(want)
+    return containers[0] if containers else ""
+
+
+def sandbox_row(pod: dict[str, Any], now: dt.datetime, idle_s: float | None) -> dict[str, Any]:
+    md, st = pod["metadata"], pod.get("status") or {}
+    ann = md.get("annotations") or {}
+    created = parse_time(md["creationTimestamp"])
+    exp = ann.get(ANN_EXPIRES_AT)
+    left = (parse_time(exp) - now).total_seconds() if exp else None
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or []
+    )
+    containers = {c["name"]: c for c in (pod.get("spec") or {}).get("containers") or []}
+    main = containers.get(target_container(pod)) or {}
+    return {
+        "namespace": md["namespace"],
+        "name": md["name"],
+        "age_s": round((now - created).total_seconds()),
+        "lease_left_s": None if left is None else round(left),
+        "idle_s": None if idle_s is None else round(idle_s),
+        "node": (pod.get("spec") or {}).get("nodeName"),
+        "state": "Terminating"
+        if md.get("deletionTimestamp")
+        else ("Ready" if ready else st.get("phase", "Pending")),
+        "ip": st.get("podIP"),
+        "image": main.get("image"),
+        "profile": ann.get(ANN_PROFILE),
+        "pool": (md.get("labels") or {}).get(LABEL_POOL),
+        "claimed_by": ann.get(ANN_CLAIMED_BY),
+    }
+
+
+LS_COLUMNS = [
+    Column("NAMESPACE", "namespace"),
+    Column("NAME", "name"),
+    Column("AGE", "age_s", show=duration),
+    Column("LEASE LEFT", "lease_left_s", show=duration),
+    Column("IDLE", "idle_s", show=duration),
+    Column("NODE", "node"),
+    Column("STATE", "state"),
+    Column("IP", "ip", wide=True),
+    Column("IMAGE", "image", wide=True),
+    Column("PROFILE", "profile", wide=True),
+    Column("POOL", "pool", wide=True),
+    Column("CLAIMED BY", "claimed_by", wide=True),
+]
 
 
 async def cmd_ls(args: argparse.Namespace, client: SandmanClient) -> int:
     ns = None if args.all_namespaces else client.namespace
-    pods, _ = await list_all(client.kube, PODS, ns, label_selector=f"{LABEL_SANDBOX}=true")
+    selector = f"{LABEL_SANDBOX}=true" + (f",{args.selector}" if args.selector else "")
+    pods, _ = await list_all(client.kube, PODS, ns, label_selector=selector)
+    pods.sort(key=lambda p: (p["metadata"]["namespace"], p["metadata"]["name"]))
     now = dt.datetime.now(dt.UTC)
 
     async def idle(pod: dict[str, Any]) -> float | None:
-        if ANN_IDLE_TIMEOUT not in (pod["metadata"].get("annotations") or {}) and len(pods) > 50:
-            return None  # many sandboxes: poll only those where idleness matters
+        if args.output == "name":
+            return None  # names only: ask no daemon
+        if ANN_IDLE_TIMEOUT not in annotations(pod) and len(pods) > LS_IDLE_POLL_MAX:
+            return None
         try:
             sb = Sandbox(client, pod)
             return float((await asyncio.wait_for(sb.status(), 3))["idle_s"])
-        except (SandmanError, TimeoutError, KeyError, OSError):
+        except (SandmanError, ApiError, TimeoutError, KeyError, OSError):
             return None
 
     idles = await asyncio.gather(*(idle(p) for p in pods))
-    rows = []
-    for pod, idle_s in zip(pods, idles, strict=True):
-        md, st = pod["metadata"], pod.get("status") or {}
-        created = parse_time(md["creationTimestamp"])
-        exp = (md.get("annotations") or {}).get(ANN_EXPIRES_AT)
-        left = (parse_time(exp) - now).total_seconds() if exp else None
-        ready = any(
-            c.get("type") == "Ready" and c.get("status") == "True"
-            for c in st.get("conditions") or []
-        )
-        rows.append(
-            {
-                "namespace": md["namespace"],
-                "name": md["name"],
-                "age_s": round((now - created).total_seconds()),
-                "lease_left_s": None if left is None else round(left),
-                "idle_s": None if idle_s is None else round(idle_s),
-                "node": (pod.get("spec") or {}).get("nodeName"),
-                "state": "Ready" if ready else st.get("phase", "Pending"),
-            }
-        )
-    if args.output == "json":
-        print(json.dumps(rows, indent=2))
-        return 0
-    fmt = "{:<20} {:<36} {:>7} {:>10} {:>7} {:<16} {}"
-    print(fmt.format("NAMESPACE", "NAME", "AGE", "LEASE LEFT", "IDLE", "NODE", "STATE"))
-    for r in rows:
-        print(
-            fmt.format(
-                r["namespace"],
-                r["name"],
-                _d(r["age_s"]),
-                _d(r["lease_left_s"]),
-                _d(r["idle_s"]),
-                r["node"] or "-",
-                r["state"],
-            )
-        )
+    rows = [sandbox_row(p, now, i) for p, i in zip(pods, idles, strict=True)]
+    columns = LS_COLUMNS if args.all_namespaces else LS_COLUMNS[1:]
+    emit(rows, columns, args.output, kind="pod")
     return 0
 
 
-def _d(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    s = int(seconds)
-    sign = "-" if s < 0 else ""
-    s = abs(s)
-    if s >= 3600:
-        return f"{sign}{s // 3600}h{(s % 3600) // 60:02d}m"
-    if s >= 60:
-        return f"{sign}{s // 60}m{s % 60:02d}s"
-    return f"{sign}{s}s"
+def process_row(rec: dict[str, Any], now: float) -> dict[str, Any]:
+    running = bool(rec.get("running"))
+    code = rec.get("exit_code")
+    started, ended = rec.get("started_at"), rec.get("ended_at")
+    cmd = rec.get("cmd")
+    return {
+        "id": rec["id"],
+        "name": rec.get("name"),
+        "pid": rec.get("pid"),
+        "status": "Running" if running else f"Exited({code})",
+        "exit_code": code,
+        "age_s": None if started is None else round(now - float(started)),
+        "ran_s": None if started is None else round((ended or now) - float(started)),
+        "command": " ".join(cmd) if isinstance(cmd, list) else cmd,
+        "stdin_open": rec.get("stdin_open"),
+        "keeps_active": rec.get("keeps_active"),
+        "output_bytes": (rec.get("output_bytes") or {}).get("combined"),
+    }
 
 
+PS_COLUMNS = [
+    Column("ID", "id"),
+    Column("NAME", "name"),
+    Column("PID", "pid"),
+    Column("STATUS", "status"),
+    Column("AGE", "age_s", show=duration),
+    Column("COMMAND", "command", show=lambda v: (v or "")[:60]),
+    Column("RAN", "ran_s", wide=True, show=duration),
+    Column("OUTPUT", "output_bytes", wide=True),
+    Column("STDIN", "stdin_open", wide=True),
+    Column("KEEPS ACTIVE", "keeps_active", wide=True),
+]
+
+
+async def cmd_ps(args: argparse.Namespace, client: SandmanClient) -> int:
+    sb = await attach(client, args.pod)
+    procs = await sb.processes()
+    now = time.time()
+    rows = sorted((process_row(p.record, now) for p in procs), key=lambda r: -(r["age_s"] or 0))
+    emit(rows, PS_COLUMNS, args.output, kind="process", name_key="id")
+    return 0
+
+
+# -- logs ----------------------------------------------------------------------------------
+def find_process(procs: list[Process], ref: str) -> Process:
+    """By id, else by name (the newest of that name)."""
+    ref = strip_kind(ref, "process")
+    for p in procs:
+        if p.id == ref:
+            return p
+    named = [p for p in procs if p.record.get("name") == ref]
+    if named:
+        return max(named, key=lambda p: float(p.record.get("started_at") or 0))
+    known = ", ".join(f"{p.id} ({p.record.get('name')})" for p in procs) or "none"
+    raise CliError(f"no background process {ref!r} (processes: {known}; see `sandman ps`)")
+
+
+async def cmd_logs(args: argparse.Namespace, client: SandmanClient) -> int:
+    sb = await attach(client, args.pod)
+    if args.proc is None:
+        return await _container_log(client, sb, args.container, args.follow)
+    proc = find_process(await sb.processes(), args.proc)
+    offset = 0
+    out = sys.stdout.buffer
+    while True:
+        page = await proc.read(
+            offset=offset, stream=args.stream, wait_s=FOLLOW_POLL_S if args.follow else 0.0
+        )
+        if page.dropped and offset == 0:
+            _progress(f"[{page.dropped} earlier bytes are no longer kept]")
+        if page.data:
+            out.write(page.data)
+            out.flush()
+        offset = page.next_offset
+        if offset < page.end:
+            continue  # more than one page is waiting
+        if not args.follow or not page.running:
+            break
+    return 0
+
+
+async def _container_log(
+    client: SandmanClient, sb: Sandbox, container: str | None, follow: bool
+) -> int:
+    kube = client.kube
+    params = {"container": container or target_container(sb.pod)}
+    if follow:
+        params["follow"] = "true"
+    url = (
+        f"{kube.creds.server}/api/v1/namespaces/{quote(sb.namespace)}/pods/{quote(sb.name)}/log"
+        f"?{urlencode(params)}"
+    )
+    async with kube.session().get(
+        url,
+        headers=await kube.auth_headers(),
+        timeout=aiohttp.ClientTimeout(total=None, sock_read=None if follow else 60),
+        **kube.request_options(),
+    ) as resp:
+        if resp.status >= 400:
+            body = await resp.read()
+            try:
+                doc = json.loads(body)
+            except ValueError:
+                doc = body.decode(errors="replace")
+            raise ApiError(resp.status, doc)
+        async for chunk in resp.content.iter_any():
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.flush()
+    return 0
+
+
+# -- port-forward ----------------------------------------------------------------------------
+async def cmd_port_forward(args: argparse.Namespace, client: SandmanClient) -> int:
+    from sandman.cli import portforward
+
+    pairs = portforward.parse_ports(args.ports)
+    sb = await attach(client, args.pod)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+    def announce(line: str) -> None:
+        print(line, flush=True)
+
+    await portforward.forward(
+        client.kube, sb.namespace, sb.name, pairs, address=args.address, announce=announce,
+        until=stop,
+    )  # fmt: skip
+    return 0
+
+
+# -- lease ----------------------------------------------------------------------------------
 async def cmd_extend(args: argparse.Namespace, client: SandmanClient) -> int:
-    sb = await Sandbox.attach(client, args.pod)
+    sb = await attach(client, args.pod)
     until = await sb.extend(args.duration)
     print(until.strftime("%Y-%m-%dT%H:%M:%SZ"))
     return 0
@@ -363,13 +586,13 @@ async def cmd_extend(args: argparse.Namespace, client: SandmanClient) -> int:
 
 async def cmd_release(args: argparse.Namespace, client: SandmanClient) -> int:
     for name in args.pod:
-        sb = await Sandbox.attach(client, name)
+        sb = await attach(client, name)
         await sb.release()
-        print(f"released {name}", file=sys.stderr)
+        _progress(f"released {sb.name}")
     return 0
 
 
 async def cmd_token(args: argparse.Namespace, client: SandmanClient) -> int:
-    sb = await Sandbox.attach(client, args.pod)
+    sb = await attach(client, args.pod)
     print(await client.token_for(sb.namespace, sb.id, key_id=annotations(sb.pod).get(ANN_KEY_ID)))
     return 0

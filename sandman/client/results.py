@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -72,6 +72,19 @@ class Session:
         await self.sandbox._call("DELETE", f"/v1/sessions/{self.id}")
 
 
+@dataclass(frozen=True)
+class OutputPage:
+    """One read of a background process's output (daemon/API.md)."""
+
+    data: bytes
+    offset: int  # where ``data`` starts (later than asked if that fell out of the ring)
+    next_offset: int  # read on from here
+    end: int  # bytes written so far
+    dropped: int  # bytes lost before ``offset``
+    running: bool
+    exit_code: int | None
+
+
 @dataclass
 class Process:
     """A background process; its output can be re-read from any offset."""
@@ -79,6 +92,7 @@ class Process:
     sandbox: Sandbox
     id: str
     pid: int
+    record: dict[str, Any] = field(default_factory=dict)  # as listed (name, cmd, ...)
 
     async def info(self) -> dict[str, Any]:
         return await self.sandbox._call("GET", f"/v1/processes/{self.id}")  # type: ignore[no-any-return]
@@ -94,6 +108,26 @@ class Process:
             timeout=wait_s + 30,
         )
         return decode_output(doc["data"], doc["encoding"]), int(doc["next_offset"])
+
+    async def read(
+        self, *, offset: int = 0, stream: str = "combined", wait_s: float = 0.0
+    ) -> OutputPage:
+        """Output from ``offset``; ``wait_s`` waits for output past it (or the end)."""
+        doc = await self.sandbox._call(
+            "GET",
+            f"/v1/processes/{self.id}/output",
+            params={"offset": str(offset), "stream": stream, "wait_s": str(wait_s)},
+            timeout=wait_s + 30,
+        )
+        return OutputPage(
+            data=decode_output(doc["data"], doc["encoding"]),
+            offset=int(doc["offset"]),
+            next_offset=int(doc["next_offset"]),
+            end=int(doc["end"]),
+            dropped=int(doc.get("dropped", 0)),
+            running=bool(doc["running"]),
+            exit_code=doc.get("exit_code"),
+        )
 
     async def write(self, data: str | bytes, *, eof: bool = False) -> None:
         """Send ``data`` to the process's stdin (bytes go as base64, any content)."""

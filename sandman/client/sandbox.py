@@ -406,10 +406,12 @@ class Sandbox:
         *,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
+        stdin: str | bytes | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> AsyncIterator[tuple[str, bytes] | ExecResult]:
-        """Yields (stream, bytes) chunks as they come, then the final ExecResult."""
-        body = _exec_body(cmd, cwd, env, None, timeout_s, None)
+        """Yields (stream, bytes) chunks as they come, then the final ExecResult.
+        ``stdin`` is the command's whole input (sent with the request)."""
+        body = _exec_body(cmd, cwd, env, stdin, timeout_s, None)
         resp = await self.client.transport.send(
             await self._target(),
             DaemonRequest("POST", "/v1/exec", {"stream": "1"}, body),
@@ -480,6 +482,13 @@ class Sandbox:
             body["name"] = name
         doc = await self._call("POST", "/v1/processes", body=body)
         return Process(self, doc["id"], doc["pid"])
+
+    async def processes(self) -> list[Process]:
+        """The background processes the daemon keeps records of, running or
+        finished (``Process.info()`` for details; names and commands are in
+        ``Process.record``)."""
+        doc = await self._call("GET", "/v1/processes")
+        return [Process(self, p["id"], p["pid"], record=p) for p in doc["processes"]]
 
     async def read_file(self, path: str) -> bytes:
         data = await self._call("GET", "/v1/files", params={"path": path})

@@ -67,5 +67,6 @@ def test_kustomization_passes_a_server_side_dry_run(cluster: LocalCluster, names
         "ClusterRole/sandman-extender",
         "Service/sandman-extender",
         "ClusterRoleBinding/sandman-scheduler-as-kube-scheduler",
+        "ClusterRole/sandman-user",
     }
     assert expected <= kinds, expected - kinds
