@@ -1,0 +1,159 @@
+"""Sandboxes on the real node cannot reach each other's daemon, nor sniff it (issue 15 item 8).
+
+The shipped NetworkPolicy (manifests/sandbox-namespace) is enforced by a real
+enforcer, kube-router's network-policy controller on the local cluster: a
+sandbox's connection to another sandbox's port 7878 is refused while the
+namespace's client still connects; its egress exceptions (the cloud metadata
+addresses, which cannot be served here) are shown working on a stand-in
+address, the node's registry on the bridge. Injected containers lack
+NET_RAW, so a root agent cannot forge ARP on the bridge to read its
+neighbours' requests.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import yaml
+from kubernetes.client import CoreV1Api, NetworkingV1Api
+
+from sandman import tokens
+from sandman.contract import ANN_KEY_ID, LABEL_ID, LABEL_SANDBOX
+from sandman.harness.cluster.deploy import MANIFESTS
+from sandman.harness.cluster.local import LocalCluster
+from sandman.harness.cluster.node import RealNode
+from sandman.harness.kube import api_client, raw
+from sandman.harness.testing import real_pod, wait_for, wait_ready
+from tests.e2e.test_sandbox import call
+
+POLICY = MANIFESTS / "sandbox-namespace" / "networkpolicy.yaml"
+NET_RAW = 13  # capabilities(7): CAP_NET_RAW
+# The node's read-only registry on the bridge: an address a pod can reach
+# that is not a pod (a stand-in for 169.254.169.254, which nothing serves here).
+STAND_IN = "10.244.0.1"
+# busybox's nc, not its wget: Debian's static busybox wget crashes (SIGSEGV)
+# on any URL, which would read as "refused".
+NC_TIMEOUT_S = 3
+
+
+def http_get(ip: str, port: int, path: str) -> str:
+    """A shell line that prints the HTTP response, or fails to connect."""
+    request = f"GET {path} HTTP/1.1\\r\\nHost: {ip}\\r\\nConnection: close\\r\\n\\r\\n"
+    return f"printf '{request}' | nc -w {NC_TIMEOUT_S} {ip} {port}"
+
+
+def answered(out: dict[str, Any]) -> bool:
+    return out["exit_code"] == 0 and "HTTP/1." in out["stdout"]
+
+
+def not_connected(out: dict[str, Any]) -> bool:
+    """nc ran and could not connect (not a crash, not an HTTP answer)."""
+    text = out["stdout"] + out["stderr"]
+    return out["exit_code"] == 1 and "HTTP/1." not in text and "egmentation" not in text
+
+
+def _sandbox(core: CoreV1Api, ns: str, name: str, image: str) -> dict[str, Any]:
+    pod = real_pod(name, image, ["sleep", "3600"])
+    pod["metadata"]["labels"] = {LABEL_SANDBOX: "true"}
+    core.create_namespaced_pod(ns, pod)
+    return wait_ready(core, ns, name, timeout=180)
+
+
+def _token(core: CoreV1Api, ns: str, pod: dict[str, Any]) -> str:
+    secret = wait_for(
+        lambda: core.read_namespaced_secret(tokens.ACCESS_SECRET, ns).data, timeout=30
+    )
+    keys = tokens.AccessKeys.from_secret_data(secret)
+    kid = pod["metadata"]["annotations"].get(ANN_KEY_ID)
+    return tokens.sandbox_token(keys.key_for(kid), pod["metadata"]["labels"][LABEL_ID])
+
+
+def _run(pod: dict[str, Any], token: str, script: str) -> dict[str, Any]:
+    """``sh -c script`` inside the sandbox (from the host, as its client would)."""
+    status, out = call(
+        pod["status"]["podIP"], token, "/v1/exec", {"cmd": ["sh", "-c", script], "timeout_s": 20}
+    )
+    assert status == 200, out
+    return out
+
+
+def test_sandboxes_cannot_reach_each_other_but_the_namespace_client_can(
+    cluster: LocalCluster,
+    real_node: RealNode,
+    core: CoreV1Api,
+    namespace: str,
+    images: dict[str, str],
+) -> None:
+    policies = {d["metadata"]["name"]: d for d in yaml.safe_load_all(POLICY.read_text())}
+    net = NetworkingV1Api(api_client(cluster.kubeconfig))
+    for policy in policies.values():
+        net.create_namespaced_network_policy(namespace, policy)
+    a = _sandbox(core, namespace, "a", images["tiny"])
+    b = _sandbox(core, namespace, "b", images["tiny"])
+    token_b = _token(core, namespace, b)
+    to_a = http_get(a["status"]["podIP"], 7878, "/healthz")
+    to_stand_in = http_get(STAND_IN, 5000, "/v2/")
+    # The tool works from b: the node's registry answers.
+    assert answered(_run(b, token_b, to_stand_in))
+
+    # Sandbox b -> sandbox a's daemon: refused once kube-router has the pods'
+    # rules (a new pod is unfiltered for a moment, hence the wait).
+    wait_for(
+        lambda: not_connected(_run(b, token_b, to_a)),
+        timeout=60,
+        what="sandbox-to-sandbox 7878 refused",
+    )
+    # ...and stays refused, while the host (the node: kubelet probes, the
+    # test's own client) still gets an answer from a.
+    assert not_connected(_run(b, token_b, to_a))
+
+    # The namespace's client (a pod that is not a sandbox) still connects. It
+    # retries: until kube-router has added its new IP to the allowed peers,
+    # its packets are dropped like anyone's.
+    script = (
+        f"i=0; while [ $i -lt 60 ]; do {to_a} > /tmp/r; grep -q ok /tmp/r && "
+        "cat /tmp/r && exit 0; i=$((i+1)); sleep 1; done; cat /tmp/r; exit 1"
+    )
+    client = real_pod("client", images["tiny"], ["sh", "-c", script])
+    client["spec"]["restartPolicy"] = "Never"
+    core.create_namespaced_pod(namespace, client)
+
+    def finished() -> str | None:
+        pod = raw(core.read_namespaced_pod("client", namespace, _preload_content=False))
+        phase = pod["status"].get("phase")
+        return phase if phase in ("Succeeded", "Failed") else None
+
+    phase = wait_for(finished, timeout=180, what="client done")
+    logs = core.read_namespaced_pod_log("client", namespace)
+    assert phase == "Succeeded", logs
+    assert '"ok": true' in logs or '"ok":true' in logs, logs
+
+    # Egress: the stand-in address is reachable as shipped, and refused once
+    # it is in the policy's except list like the metadata addresses.
+    assert answered(_run(b, token_b, to_stand_in))
+    blocked = copy.deepcopy(policies["sandman-sandboxes-egress"])
+    for peer in blocked["spec"]["egress"][0]["to"]:
+        block = peer.get("ipBlock") or {}
+        if block.get("cidr") == "0.0.0.0/0":
+            block["except"].append(f"{STAND_IN}/32")
+    net.replace_namespaced_network_policy("sandman-sandboxes-egress", namespace, blocked)
+
+    def egress_refused() -> bool:
+        return not_connected(_run(b, token_b, to_stand_in))
+
+    wait_for(egress_refused, timeout=60, what="egress to the excepted address refused")
+
+
+def test_injected_containers_lack_net_raw(
+    real_node: RealNode, core: CoreV1Api, namespace: str, images: dict[str, str]
+) -> None:
+    pod = _sandbox(core, namespace, "caps", images["tiny"])
+    out = _run(pod, _token(core, namespace, pod), "grep -E '^Cap(Eff|Bnd):' /proc/self/status")
+    assert out["exit_code"] == 0, out
+    for line in out["stdout"].splitlines():
+        field, value = line.split(":")
+        assert not int(value.strip(), 16) & (1 << NET_RAW), f"{field} has NET_RAW: {line}"
+    # What an agent would try: raw sockets (ping) fail.
+    ping = _run(pod, _token(core, namespace, pod), f"ping -c 1 -W 1 {STAND_IN}")
+    assert ping["exit_code"] != 0 and "permission" in (ping["stderr"] + ping["stdout"]).lower()
