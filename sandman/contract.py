@@ -25,6 +25,10 @@ ANN_WORKSPACE = PREFIX + "workspace"  # git checkout /v1/reset restores
 ANN_EXIT_WITH_COMMAND = PREFIX + "exit-with-command"  # "true": the pod ends with its command
 # Files and directories /v1/reset verifies by content (comma-separated absolute paths).
 ANN_MANIFESTS = PREFIX + "manifests"
+# "none": the pod may not reach the network (NetworkPolicy sandman-eval-offline,
+# manifests/sandbox-namespace); eval tasks get it unless they ask for network.
+LABEL_NETWORK = PREFIX + "network"
+NETWORK_NONE = "none"
 
 # -- outputs the system writes --------------------------------------------------------
 ANN_INJECTED = PREFIX + "injected"  # daemon version; the idempotency marker
