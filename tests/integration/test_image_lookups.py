@@ -1,0 +1,119 @@
+"""The webhook's reads beyond the review, against the real apiserver: pull secrets
+for image lookups, scheduler Leases for the "no running scheduler" warning (+ Event)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime as dt
+import json
+import time
+from typing import Any
+
+from kubernetes.client import CoreV1Api
+
+from sandman.contract import LABEL_SANDBOX, REASON_SCHEDULER_NOT_RUNNING
+from sandman.events import EventRecorder
+from sandman.harness.cluster.local import LocalCluster
+from sandman.harness.kube import raw
+from sandman.kube_async import LEASES, KubeClient
+from sandman.registry import RegistryClient
+from sandman.webhook.config import WebhookConfig
+from sandman.webhook.imagecache import ImageConfigCache
+from sandman.webhook.imageconfig import ImageConfigResolver, PullSecrets
+from sandman.webhook.lookups import AdmissionLookups
+from sandman.webhook.metrics import WebhookMetrics
+from sandman.webhook.review import Outcome, Review
+from sandman.webhook.schedulers import SchedulerLeases
+from sandman.webhook.server import WebhookState, _check_scheduler
+from tests.unit.registry.fake import FakeRegistry
+
+
+async def test_pull_secrets_from_the_api_open_a_private_registry(
+    cluster: LocalCluster, core: CoreV1Api, namespace: str
+) -> None:
+    async with (
+        FakeRegistry(auth="bearer") as reg,
+        KubeClient.from_kubeconfig(cluster.kubeconfig) as kube,
+    ):
+        reg.add_image("team/app", "1", {"Entrypoint": ["/app"], "Cmd": ["--serve"]})
+        auth = base64.b64encode(b"alice:s3cret").decode()
+        config = json.dumps({"auths": {reg.host: {"auth": auth}}}).encode()
+        core.create_namespaced_secret(
+            namespace,
+            {
+                "metadata": {"name": "regcred"},
+                "type": "kubernetes.io/dockerconfigjson",
+                "data": {".dockerconfigjson": base64.b64encode(config).decode()},
+            },
+        )
+        res = ImageConfigResolver(
+            RegistryClient(),
+            ImageConfigCache(time.monotonic),
+            secrets=PullSecrets(kube, time.monotonic),
+        )
+        image = f"{reg.host}/team/app:1"
+        try:
+            # a missing secret is skipped as the kubelet skips it; the registry then refuses
+            anon = await res.lookup(image, namespace, ["missing"])
+            assert anon.config is None and "requires credentials" in anon.error
+            got = await res.lookup(image, namespace, ["missing", "regcred"])
+            assert got.config is not None and got.config.entrypoint == ("/app",), got
+            assert reg.tokens_issued == 1  # only the secret's login got a token
+        finally:
+            await res.close()
+
+
+def _lease(renewed: dt.datetime) -> dict[str, Any]:
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": "t-scheduler"},
+        "spec": {
+            "holderIdentity": "t-scheduler-0",
+            "leaseDurationSeconds": 15,
+            "renewTime": renewed.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        },
+    }
+
+
+async def test_a_sandbox_naming_a_stopped_scheduler_gets_a_warning_and_an_event(
+    cluster: LocalCluster, core: CoreV1Api, namespace: str
+) -> None:
+    now = [0.0]
+    pod = {
+        "metadata": {"name": "sb", "uid": "u-1", "labels": {LABEL_SANDBOX: "true"}},
+        "spec": {"schedulerName": "t-scheduler", "containers": [{"name": "c", "image": "i"}]},
+    }
+    review = Review("r", "CREATE", namespace, pod, None, False, "Pod")
+    async with KubeClient.from_kubeconfig(cluster.kubeconfig) as kube:
+        leases = SchedulerLeases(
+            kube,
+            {"t-scheduler": (namespace, "t-scheduler")},
+            clock=lambda: dt.datetime.now(dt.UTC),
+            monotonic=lambda: now[0],
+        )
+        st = WebhookState(config=WebhookConfig(), client=kube, metrics=WebhookMetrics.create())
+        st.lookups = AdmissionLookups(None, leases)
+        st.recorder = EventRecorder(kube, "sandman-webhook")
+        stop = asyncio.Event()
+        writer = asyncio.ensure_future(st.recorder.run(stop))
+
+        outcome = Outcome(True)
+        await _check_scheduler(st, review, outcome)  # no Lease at all
+        assert len(outcome.warnings) == 1 and "no Lease" in outcome.warnings[0]
+
+        # a scheduler that renews its Lease: no warning (once the 5 s cache has passed)
+        await kube.create(LEASES, _lease(dt.datetime.now(dt.UTC)), namespace)
+        now[0] += 5
+        fine = Outcome(True)
+        await _check_scheduler(st, review, fine)
+        assert fine.warnings == []
+        stop.set()
+        await writer
+
+    events = raw(core.list_namespaced_event(namespace, _preload_content=False))["items"]
+    ours = [e for e in events if e["reason"] == REASON_SCHEDULER_NOT_RUNNING]
+    assert len(ours) == 1, events
+    assert ours[0]["involvedObject"]["name"] == "sb" and ours[0]["type"] == "Warning"
+    assert "'t-scheduler'" in ours[0]["message"]
