@@ -84,6 +84,7 @@ class EvalRun:
         if options.attempts < 1 or options.repeat < 1 or options.concurrency < 1:
             raise ValueError("attempts, repeat and concurrency must be at least 1")
         self.client, self.spec, self.out, self.opts = client, spec, out, options
+        self._own_registry = registry is None
         self.registry = registry or RegistryClient()
         self.keychain = keychain
         self.hooks = hooks or Hooks()
@@ -171,6 +172,13 @@ class EvalRun:
 
     # -- running -----------------------------------------------------------------
     async def run(self) -> RunResult:
+        try:
+            return await self._run()
+        finally:
+            if self._own_registry:
+                await self.registry.close()
+
+    async def _run(self) -> RunResult:
         done = await self._prepare()
         settings = attempt_mod.Settings(
             client=self.client,

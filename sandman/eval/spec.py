@@ -20,7 +20,8 @@ from typing import Any
 
 import yaml
 
-from sandman.contract import ContractError, parse_duration
+from sandman.eval import fields
+from sandman.eval.fields import SpecError
 from sandman.oci import InvalidReference, Reference
 from sandman.quantity import parse_quantity
 
@@ -30,7 +31,6 @@ ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 # A benchmark's task finishes in minutes (SWE-bench's harness allows 30 min
 # per instance); 10 minutes is the default and 24 h the most we accept.
 DEFAULT_TIMEOUT = dt.timedelta(minutes=10)
-MAX_TIMEOUT = dt.timedelta(hours=24)
 # What a task's sandbox gets when the spec says nothing: one core and 1 GiB,
 # as requests = limits (Guaranteed QoS). SWE-bench images run their test
 # suites in that; bigger tasks say so in `resources`.
@@ -45,10 +45,6 @@ TASK_KEYS = frozenset(
     {"id", "image", "workdir", "setup", "apply", "test", "timeout", "resources", "env",
      "network", "pod_command", "patch", "FAIL_TO_PASS", "PASS_TO_PASS"}
 )  # fmt: skip
-
-
-class SpecError(ValueError):
-    """The spec is invalid; the message names where (task id / line and field)."""
 
 
 @dataclass(frozen=True)
@@ -102,92 +98,14 @@ class Spec:
         return next(t for t in self.tasks if t.id == task_id)
 
 
-# -- strict readers --------------------------------------------------------------
-class _Loader(yaml.SafeLoader):
-    """safe_load without duplicated keys (a later copy would silently win)."""
-
-    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise SpecError(f"line {key_node.start_mark.line + 1}: key {key!r} appears twice")
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-def _kind(v: Any) -> str:
-    names = {bool: "a boolean", int: "a number", float: "a number", str: "a string"}
-    return names.get(type(v)) or {list: "a list", dict: "a mapping"}.get(type(v), "null")
-
-
-def _str(v: Any, where: str) -> str:
-    if not isinstance(v, str):
-        raise SpecError(f"{where}: expected a string, got {_kind(v)}")
-    return v
-
-
-def _command(v: Any, where: str) -> tuple[str, ...] | str:
-    """A shell line (run by ``sh -c``) or an argv list."""
-    if isinstance(v, str) and v.strip():
-        return v
-    if isinstance(v, list) and v and all(isinstance(a, str) for a in v):
-        return tuple(v)
-    raise SpecError(f"{where}: expected a command (a shell line or a list of strings)")
-
-
-def _commands(v: Any, where: str) -> tuple[tuple[str, ...] | str, ...]:
-    if isinstance(v, str):
-        return (_command(v, where),)
-    if not isinstance(v, list):
-        raise SpecError(f"{where}: expected a list of commands, got {_kind(v)}")
-    return tuple(_command(c, f"{where}[{i}]") for i, c in enumerate(v))
-
-
-def _names(v: Any, where: str) -> tuple[str, ...]:
-    if isinstance(v, str):  # SWE-bench datasets store these lists as JSON text
-        try:
-            v = json.loads(v)
-        except ValueError:
-            raise SpecError(f"{where}: expected a list of test names") from None
-    if not isinstance(v, list) or not all(isinstance(n, str) and n for n in v):
-        raise SpecError(f"{where}: expected a list of test names")
-    return tuple(v)
-
-
-def _mapping(v: Any, where: str, keys: frozenset[str] | None = None) -> dict[str, Any]:
-    if not isinstance(v, dict):
-        raise SpecError(f"{where}: expected a mapping, got {_kind(v)}")
-    unknown = sorted(str(k) for k in v if keys is not None and k not in keys)
-    if unknown:
-        raise SpecError(
-            f"{where}: unknown field {unknown[0]!r} (known: {', '.join(sorted(keys or ()))})"
-        )
-    return v
-
-
-def _timeout(v: Any, where: str) -> dt.timedelta:
-    try:
-        td = (
-            dt.timedelta(seconds=v)
-            if isinstance(v, int | float) and not isinstance(v, bool)
-            else parse_duration(_str(v, where), field=where)
-        )
-    except ContractError as e:
-        raise SpecError(str(e)) from None
-    if td <= dt.timedelta(0) or td > MAX_TIMEOUT:
-        raise SpecError(f"{where}: must be positive and at most 24h")
-    return td
-
-
 def _resources(v: Any, where: str) -> tuple[tuple[str, str], ...]:
-    m = _mapping(v, where, frozenset({"cpu", "memory"}))
+    m = fields.mapping(v, where, frozenset({"cpu", "memory"}))
     out = dict(DEFAULT_RESOURCES)
     for k, q in m.items():
         text = (
             str(q)
             if isinstance(q, int | float) and not isinstance(q, bool)
-            else _str(q, f"{where}.{k}")
+            else fields.text(q, f"{where}.{k}")
         )
         try:
             if parse_quantity(text) <= 0:
@@ -199,13 +117,13 @@ def _resources(v: Any, where: str) -> tuple[tuple[str, str], ...]:
 
 
 def _env(v: Any, where: str) -> tuple[tuple[str, str], ...]:
-    m = _mapping(v, where)
+    m = fields.mapping(v, where)
     for k, val in m.items():
         if not isinstance(k, str) or not ENV_NAME_RE.fullmatch(k):
             raise SpecError(f"{where}: {k!r} is not an environment variable name")
         if k in RESERVED_ENV:
             raise SpecError(f"{where}.{k}: fixed by the runner for every task (docs/eval.md)")
-        _str(val, f"{where}.{k}")
+        fields.text(val, f"{where}.{k}")
     return tuple(sorted(m.items()))
 
 
@@ -217,27 +135,27 @@ def _apply(v: Any, where: str, patch_alias: Any) -> Apply:
     m = (
         {"patch": patch_alias}
         if v is None
-        else _mapping(v, where, frozenset({"patch", "files", "command"}))
+        else fields.mapping(v, where, frozenset({"patch", "files", "command"}))
     )
     if len(m) != 1:
         raise SpecError(f"{where}: give exactly one of patch, files, command")
     if "patch" in m:
-        return Apply(patch=_str(m["patch"], f"{where}.patch"))
+        return Apply(patch=fields.text(m["patch"], f"{where}.patch"))
     if "command" in m:
-        return Apply(command=_command(m["command"], f"{where}.command"))
-    files = _mapping(m["files"], f"{where}.files")
+        return Apply(command=fields.command(m["command"], f"{where}.command"))
+    files = fields.mapping(m["files"], f"{where}.files")
     if not files:
         raise SpecError(f"{where}.files: empty")
     for path, text in files.items():
         if not isinstance(path, str) or not path or "\0" in path:
             raise SpecError(f"{where}.files: {path!r} is not a path")
-        _str(text, f"{where}.files[{path!r}]")
+        fields.text(text, f"{where}.files[{path!r}]")
     return Apply(files=tuple(sorted(files.items())))
 
 
 def _test(v: Any, where: str, f2p: Any, p2p: Any) -> Grading:
     keys = frozenset({"command", "commands", "scoring", "format", "fail_to_pass", "pass_to_pass"})
-    m = dict(_mapping(v, where, keys))
+    m = dict(fields.mapping(v, where, keys))
     for alias, name in ((f2p, "fail_to_pass"), (p2p, "pass_to_pass")):
         if alias is not None:
             if name in m:
@@ -245,11 +163,15 @@ def _test(v: Any, where: str, f2p: Any, p2p: Any) -> Grading:
             m[name] = alias
     if ("command" in m) == ("commands" in m):
         raise SpecError(f"{where}: give command or commands (one of them)")
-    commands = _commands(m.get("command", m.get("commands")), f"{where}.command")
+    commands = fields.commands(m.get("command", m.get("commands")), f"{where}.command")
     if not commands:
         raise SpecError(f"{where}.commands: empty")
-    f2p_names = _names(m["fail_to_pass"], f"{where}.fail_to_pass") if "fail_to_pass" in m else ()
-    p2p_names = _names(m["pass_to_pass"], f"{where}.pass_to_pass") if "pass_to_pass" in m else ()
+    f2p_names = (
+        fields.names(m["fail_to_pass"], f"{where}.fail_to_pass") if "fail_to_pass" in m else ()
+    )
+    p2p_names = (
+        fields.names(m["pass_to_pass"], f"{where}.pass_to_pass") if "pass_to_pass" in m else ()
+    )
     scoring = m.get("scoring", "tests" if f2p_names or p2p_names else "exit_code")
     if scoring not in SCORINGS:
         raise SpecError(f"{where}.scoring: {scoring!r} is not one of {', '.join(SCORINGS)}")
@@ -265,23 +187,25 @@ def _test(v: Any, where: str, f2p: Any, p2p: Any) -> Grading:
 
 def parse_task(raw: Any, defaults: Mapping[str, Any], where: str) -> Task:
     m = (
-        {ALIASES.get(k, k): v for k, v in _mapping(raw, where).items()}
+        {ALIASES.get(k, k): v for k, v in fields.mapping(raw, where).items()}
         if isinstance(raw, dict)
         else raw
     )
-    m = {**defaults, **_mapping(m, where, TASK_KEYS)}
-    task_id = _str(m.get("id"), f"{where}.id")
+    m = {**defaults, **fields.mapping(m, where, TASK_KEYS)}
+    task_id = fields.text(m.get("id"), f"{where}.id")
     if not ID_RE.fullmatch(task_id):
         raise SpecError(f"{where}.id: {task_id!r} must be letters, digits, '.', '_' or '-'")
     where = f"task {task_id}"
-    image = _str(m.get("image"), f"{where}.image")
+    image = fields.text(m.get("image"), f"{where}.image")
     try:
         Reference.parse(image)
     except InvalidReference as e:
         raise SpecError(f"{where}.image: {e}") from None
     if "test" not in m:
         raise SpecError(f"{where}: no test (what decides the score)")
-    workdir = _str(m["workdir"], f"{where}.workdir") if m.get("workdir") is not None else None
+    workdir = (
+        fields.text(m["workdir"], f"{where}.workdir") if m.get("workdir") is not None else None
+    )
     pod_cmd = m.get("pod_command")
     if pod_cmd is not None and not (
         isinstance(pod_cmd, list) and pod_cmd and all(isinstance(a, str) for a in pod_cmd)
@@ -289,15 +213,17 @@ def parse_task(raw: Any, defaults: Mapping[str, Any], where: str) -> Task:
         raise SpecError(f"{where}.pod_command: expected a list of strings")
     network = m.get("network", False)
     if not isinstance(network, bool):
-        raise SpecError(f"{where}.network: expected a boolean, got {_kind(network)}")
+        raise SpecError(f"{where}.network: expected a boolean, got {fields.kind(network)}")
     return Task(
         id=task_id,
         image=image,
         test=_test(m["test"], f"{where}.test", m.get("FAIL_TO_PASS"), m.get("PASS_TO_PASS")),
         workdir=workdir,
-        setup=_commands(m["setup"], f"{where}.setup") if "setup" in m else (),
+        setup=fields.commands(m["setup"], f"{where}.setup") if "setup" in m else (),
         apply=_apply(m.get("apply"), f"{where}.apply", m.get("patch")),
-        timeout=_timeout(m["timeout"], f"{where}.timeout") if "timeout" in m else DEFAULT_TIMEOUT,
+        timeout=fields.timeout(m["timeout"], f"{where}.timeout")
+        if "timeout" in m
+        else DEFAULT_TIMEOUT,
         resources=_resources(m.get("resources") or {}, f"{where}.resources"),
         env=_env(m.get("env") or {}, f"{where}.env"),
         network=network,
@@ -334,14 +260,17 @@ def parse_spec(data: bytes, *, name: str, jsonl: bool) -> Spec:
                 tasks.append(parse_task(raw, {}, f"line {n}"))
         return Spec(name, _check_unique(tasks), digest)
     try:
-        doc = yaml.load(text, Loader=_Loader)  # _Loader is a SafeLoader
+        doc = yaml.load(text, Loader=fields.Loader)  # a SafeLoader
     except yaml.YAMLError as e:
         raise SpecError(f"not YAML: {e}") from None
-    doc = _mapping(doc, "the spec", frozenset({"apiVersion", "kind", "name", "defaults", "tasks"}))
+    doc = fields.mapping(
+        doc, "the spec", frozenset({"apiVersion", "kind", "name", "defaults", "tasks"})
+    )
     defaults = {
-        ALIASES.get(k, k): v for k, v in _mapping(doc.get("defaults") or {}, "defaults").items()
+        ALIASES.get(k, k): v
+        for k, v in fields.mapping(doc.get("defaults") or {}, "defaults").items()
     }
-    _mapping(defaults, "defaults", TASK_KEYS - {"id"})
+    fields.mapping(defaults, "defaults", TASK_KEYS - {"id"})
     raw_tasks = doc.get("tasks")
     if not isinstance(raw_tasks, list):
         raise SpecError("tasks: expected a list of tasks")

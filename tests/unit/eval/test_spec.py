@@ -98,6 +98,8 @@ def test_the_bundled_example_parses() -> None:
         (b"tasks: [{id: a, id: b, image: x:1, test: {command: t}}]", "key 'id' appears twice"),
         (b"tasks: [{id: a, image: x:1, test: {command: t}, timeout: 2y}]", "not a duration"),
         (b"tasks: [{id: a, image: x:1, test: {command: t}, timeout: 25h}]", "at most 24h"),
+        (b"tasks: [{id: a, image: x:1, test: {command: t}, timeout: 1e30}]", "timeout"),
+        (b"tasks: [{id: a, image: x:1, test: {command: t}, timeout: .nan}]", "timeout"),
         (
             b"tasks: [{id: a, image: x:1, test: {command: t}, resources: {cpu: lots}}]",
             "not a quantity",
