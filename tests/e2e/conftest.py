@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes.client import CoreV1Api
@@ -14,7 +14,7 @@ from tests.e2e.runtimes import gvisor_policy, use_runtime
 
 
 @pytest.fixture(scope="session")
-def gvisor_rule_file(cluster: LocalCluster, real_node: RealNode) -> Iterator[Path]:
+def gvisor_rule_file(cluster: LocalCluster, real_node: RealNode) -> Iterator[Any]:
     """The cluster's policy with the test-gvisor rule, for the whole session."""
     with gvisor_policy(cluster) as path:
         yield path

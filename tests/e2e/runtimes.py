@@ -15,7 +15,6 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -62,8 +61,12 @@ def gvisor_rule(policy: dict[str, Any]) -> dict[str, Any]:
 
 
 @contextmanager
-def gvisor_policy(cluster: LocalCluster) -> Iterator[Path]:
-    """Prepend the gvisor rule to the cluster's policy file; restore it after."""
+def gvisor_policy(cluster: LocalCluster) -> Iterator[Any]:
+    """Prepend the gvisor rule to the cluster's policy; restore it after.
+
+    Yields the deployment's policy handle (a file for host processes, the
+    ConfigMap in-cluster: both have read_text/write_text, and in-cluster the
+    write waits until every webhook has loaded it)."""
     deployment = cluster.deployment
     assert deployment is not None, "the test cluster runs Sandman's webhook"
     path = deployment.policy_file
