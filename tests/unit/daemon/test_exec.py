@@ -248,3 +248,18 @@ def test_bad_inputs_get_json_4xx(daemon: Daemon) -> None:
     status, doc = daemon.request("DELETE", "/v1/exec")
     assert status == 405 and "error" in doc
     assert daemon.exec(["true"])["exit_code"] == 0
+
+
+def test_no_descriptor_leaks_across_commands(daemon: Daemon) -> None:
+    # Every command opens three pipes; failed starts and stdin-fed ones too.
+    def fds() -> int:
+        return len(os.listdir(f"/proc/{daemon.proc.pid}/fd"))
+
+    daemon.exec(["true"])
+    before = fds()
+    for i in range(30):
+        daemon.exec(["true"])
+        daemon.exec(["cat"], stdin="x" * i)
+        assert daemon.request("POST", "/v1/exec", {"cmd": ["no-such-xyz"]})[0] == 400
+        assert daemon.request("POST", "/v1/exec", {"cmd": ["true"], "cwd": "/nope"})[0] == 400
+    assert fds() <= before + 2, (before, fds())  # slack: a keep-alive socket, the executor
