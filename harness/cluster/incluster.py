@@ -82,10 +82,14 @@ class InClusterDeployment:
         return version
 
     def apply_version(self, version: str) -> list[dict[str, Any]]:
-        """Apply the manifests naming ``version`` (an upgrade when it is new); no wait."""
+        """Apply the manifests naming ``version`` (an upgrade when it is new); no wait.
+
+        Forced: the local cluster's manifests are the truth, and a policy a
+        test or a developer wrote into the ConfigMap is reset by `up`.
+        """
         path = overlay.write(self.config, version)
         self.docs = overlay.rendered(self.kubectl, path)
-        ap.apply(self.kubectl, path)
+        ap.apply(self.kubectl, path, force_conflicts=True)
         return self.docs
 
     @property

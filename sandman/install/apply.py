@@ -118,11 +118,28 @@ def documents(rendered: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(rendered) if d]
 
 
-def apply(kubectl: Kubectl, overlay: Path, *, server_dry_run: bool = False) -> str:
+def apply(
+    kubectl: Kubectl, overlay: Path, *, server_dry_run: bool = False, force_conflicts: bool = False
+) -> str:
+    """Server-side apply. A field someone changed in the cluster since (typically
+    the policy ConfigMap, edited live) is a conflict: nothing is applied and
+    the error says how to keep or reset the edit, unless ``force_conflicts``."""
     args = ["apply", "--server-side", f"--field-manager={FIELD_MANAGER}", "-k", str(overlay)]
     if server_dry_run:
         args.append("--dry-run=server")
-    return kubectl.run(*args).stdout
+    if force_conflicts:
+        args.append("--force-conflicts")
+    try:
+        return kubectl.run(*args).stdout
+    except InstallError as e:
+        if "conflict" not in str(e):
+            raise
+        raise InstallError(
+            f"{e}\nSomething in the cluster was changed since it was applied (often the policy "
+            "ConfigMap sandman-system/sandman-policy, edited live). To keep the change, put it "
+            "in your overlay (a patch) and apply again; to reset it to what the overlay says, "
+            "re-run with --force-conflicts. Nothing was applied."
+        ) from None
 
 
 def deployments(docs: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:

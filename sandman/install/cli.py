@@ -65,6 +65,12 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="client: print the objects, touch nothing; server: the apiserver validates",
     )
     p.add_argument("-o", "--output", choices=("name", "yaml"), default="name")
+    p.add_argument(
+        "--force-conflicts",
+        action="store_true",
+        help="take back fields changed in the cluster since the last apply (e.g. a policy "
+        "edited live: reset to the overlay's)",
+    )
     p.add_argument("--no-wait", action="store_true", help="do not wait for the rollout")
     _kubectl_flags(p)
     p.set_defaults(func=cmd_install)
@@ -122,7 +128,12 @@ def cmd_install(args: argparse.Namespace) -> int:
                     print(f"{d['kind'].lower()}/{d['metadata']['name']} (dry run)")
             return 0
         print(f"overlay: {overlay}/ (kubectl apply --server-side -k {overlay})", file=sys.stderr)
-        out = ap.apply(kubectl, overlay, server_dry_run=args.dry_run == "server")
+        out = ap.apply(
+            kubectl,
+            overlay,
+            server_dry_run=args.dry_run == "server",
+            force_conflicts=args.force_conflicts,
+        )
         print(out, end="")
         if args.dry_run == "server" or args.no_wait:
             return 0

@@ -99,6 +99,22 @@ def test_install_then_uninstall_webhooks_first(bare: LocalCluster, tmp_path: Pat
         dry_run="All",
     )  # fmt: skip
 
+    # An admin edits the policy live; a re-install refuses to undo it silently.
+    edited = "apiVersion: sandman.dev/v1alpha1\nkind: SandboxPolicy\nrules: []\n"
+    core.patch_namespaced_config_map("sandman-policy", NAMESPACE, {"data": {"policy.yaml": edited}})
+    again = sandman(bare, "install", "--registry=127.0.0.1:5000/team", f"--overlay-dir={overlay}",
+                    "--no-wait")  # fmt: skip
+    assert again.returncode == 1 and "--force-conflicts" in again.stderr, again.stderr
+    assert (
+        core.read_namespaced_config_map("sandman-policy", NAMESPACE).data["policy.yaml"] == edited
+    )
+    forced = sandman(bare, "install", "--registry=127.0.0.1:5000/team", f"--overlay-dir={overlay}",
+                     "--no-wait", "--force-conflicts")  # fmt: skip
+    assert forced.returncode == 0, forced.stderr
+    assert (
+        core.read_namespaced_config_map("sandman-policy", NAMESPACE).data["policy.yaml"] != edited
+    )
+
     # Uninstall, watching the order in which things go.
     seen: dict[str, float] = {}
     stop = threading.Event()
