@@ -26,6 +26,8 @@ TEST_TOOLS = (
     # The CLI runs under Debian's own python3.11 (3.11.2, the oldest Python we
     # support: no tarfile filters) in a venv (tests/e2e/test_kubectl_user.py).
     Requirement("/usr/lib/python3.11/ensurepip/__init__.py", "python3.11-venv"),
+    # `sandman completion zsh` is sourced into zsh (tests/unit/cli/test_completion.py).
+    Requirement("zsh", "zsh"),
 )
 ALL = (*REQUIREMENTS, *TEST_TOOLS)
 

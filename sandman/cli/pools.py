@@ -42,7 +42,7 @@ POLL_S = 0.5
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    def common(p: argparse.ArgumentParser, cmd: Cmd) -> None:
+    def flags(p: argparse.ArgumentParser, cmd: Cmd) -> None:
         add_kube_flags(p)
         p.set_defaults(func=lambda args: common_run(args, cmd))
 
@@ -54,7 +54,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="create a fixed-size pool (no manager needed)",
         usage="%(prog)s NAME --image IMAGE [options] [-- COMMAND ...]",
     )
-    common(p, cmd_create)
+    flags(p, cmd_create)
     p.add_argument("name")
     p.add_argument("--image", required=True)
     p.add_argument("--size", type=int, default=1, help="idle pods to keep (default 1)")
@@ -66,12 +66,12 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--command", type=shlex.split, default=[], help='e.g. "sleep infinity"')
 
     p = verbs.add_parser("ls", help="pools with their live health (computed from their pods)")
-    common(p, cmd_ls)
+    flags(p, cmd_ls)
     add_output_flag(p)
     p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # = -o json
 
     p = verbs.add_parser("scale", help="set a pool's size (its ReplicaSet's replicas)")
-    common(p, cmd_scale)
+    flags(p, cmd_scale)
     p.add_argument("name")
     p.add_argument("size", type=int)
 
@@ -82,7 +82,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "pods. Claimed pods are not deleted: a claim drops the pod's owner reference, so "
         "they are no longer the pool's. Release them with `sandman release POD`.",
     )
-    common(p, cmd_delete)
+    flags(p, cmd_delete)
     p.add_argument("name")
 
     p = sub.add_parser(
@@ -92,7 +92,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "wait until it is Ready and print its name, e.g. "
         "`kubectl sandman exec $(kubectl sandman claim p1) -- echo hi`.",
     )
-    common(p, cmd_claim)
+    flags(p, cmd_claim)
     p.add_argument("pool")
     p.add_argument("--ttl", help=f"lease (default: the pool's, else {DEFAULT_CLAIM_TTL})")
     p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for an idle pod (60)")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import json
 import ssl
 import stat
 from collections.abc import AsyncIterator
@@ -102,8 +103,19 @@ async def _serve(tmp: Path, pki: Pki, cert: tls.KeyPair) -> AsyncIterator[Server
         server.seen.append(who)
         return web.json_response({"metadata": {"name": request.match_info["name"]}, "who": who})
 
+    async def watch(request: web.Request) -> web.StreamResponse:
+        token = request.headers.get("Authorization", "").removeprefix("Bearer ")
+        if token not in server.tokens:
+            return web.json_response({"kind": "Status", "code": 401}, status=401)
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        event = {"type": "ADDED", "object": {"metadata": {"name": token}}}
+        await resp.write(json.dumps(event).encode() + b"\n")
+        return resp
+
     app = web.Application()
     app.router.add_get("/api/v1/namespaces/{ns}/pods/{name}", pod)
+    app.router.add_get("/api/v1/namespaces/{ns}/pods", watch)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ctx)
@@ -216,6 +228,19 @@ async def test_exec_plugin_token_is_used_and_renewed_after_a_401(
         assert (await kube.get(PODS, "p", "ns"))["who"] == "token:t2"
     assert creds.bearer is not None and creds.bearer.renewals == 1
     assert runs(config) == 2
+
+
+async def test_a_watch_refused_with_401_is_retried_with_a_renewed_token(
+    tmp_path: Path, apiserver: Server, pki: Pki
+) -> None:
+    config = exec_setup(tmp_path, apiserver, pki)
+    creds = load_kubeconfig(config)
+    apiserver.tokens = {"t2"}
+    (config.parent / "token").write_text("t2")
+    async with KubeClient(creds) as kube:
+        events = [ev async for ev in kube.watch(PODS, "ns", resource_version="1")]
+    assert events == [("ADDED", {"metadata": {"name": "t2"}})]
+    assert creds.bearer is not None and creds.bearer.renewals == 1
 
 
 async def test_exec_plugin_token_is_renewed_before_it_expires(
