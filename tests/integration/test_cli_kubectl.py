@@ -112,6 +112,12 @@ def test_a_sandman_user_claims_lists_in_every_format_and_completes(
     assert pod in complete("exec", pod[:-2])
     assert complete("claim", "w") == ["web"]
     assert complete("ls", "-o", "") == ["json", "name", "wide", "yaml"]
+    # kubectl's own completion of `kubectl sandman ...` runs kubectl_complete-sandman.
+    plugin = subprocess.run(
+        [str(cluster.binaries.kubectl), "__complete", "sandman", "exec", pod[:-2]],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert plugin.stdout.splitlines()[-1] == ":4" and pod in plugin.stdout.splitlines()
 
     # What the role does not grant: one line naming it, exit 1.
     scale = cli(env, "pool", "scale", "web", "5")
