@@ -1,0 +1,235 @@
+"""How the daemon reaches a sandbox, on the real node through the webhook.
+
+- The default delivery (a copy of the runtime tree per pod) in a busybox-only
+  image and in the Debian `swe` image: one daemon process, PID 1, run from the
+  tree the init container copied, answering commands.
+- The shared delivery (a policy rule's ``daemonDelivery: shared``): two
+  sandboxes run the same files from the node directory, and a root agent in
+  one of them cannot change what the other runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import shutil
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes.client import CoreV1Api
+from kubernetes.client.exceptions import ApiException
+
+from sandman import tokens
+from sandman.contract import DAEMON_ARGV, LABEL_ID, LABEL_NODE_KIND, LABEL_SANDBOX
+from sandman.harness.cluster.local import LocalCluster
+from sandman.harness.cluster.node import RealNode
+from sandman.harness.kube import raw
+from sandman.harness.testing import wait_for, wait_ready
+from sandman.webhook.mutate import DEFAULT_SHARED_DIR
+from tests.e2e.test_sandbox import call, namespace_key
+
+POLICY_LABEL = "sandman.dev/policy-test"
+SHARED_RULE = "test-shared-daemon"
+NODE_DIR = Path(DEFAULT_SHARED_DIR)  # the webhook's --daemon-shared-dir default
+
+
+def _pod(name: str, image: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": {LABEL_SANDBOX: "true"}},
+        "spec": {
+            "nodeSelector": {LABEL_NODE_KIND: "real"},
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "main", "image": image, "command": ["sleep", "3600"]}],
+        },
+    }
+
+
+def _sandboxes(
+    core: CoreV1Api, namespace: str, image: str, names: tuple[str, ...]
+) -> list[tuple[dict[str, Any], str]]:
+    """Create sandboxes; (pod, token) of each once Ready."""
+    for name in names:
+        core.create_namespaced_pod(namespace, _pod(name, image))
+    key = namespace_key(core, namespace)
+    out = []
+    for name in names:
+        pod = wait_ready(core, namespace, name, timeout=120)
+        out.append((pod, tokens.sandbox_token(key, pod["metadata"]["labels"][LABEL_ID])))
+    return out
+
+
+def sh(pod: dict[str, Any], token: str, cmd: str) -> dict[str, Any]:
+    status, r = call(pod["status"]["podIP"], token, "/v1/exec", {"cmd": cmd})
+    assert status == 200, r
+    return r
+
+
+# -- the default delivery ----------------------------------------------------------
+@pytest.mark.parametrize("image_name", ["tiny", "swe"])
+def test_copied_tree_runs_the_daemon_as_pid1_in_any_image(
+    real_node: RealNode,
+    core: CoreV1Api,
+    namespace: str,
+    images: dict[str, str],
+    image_name: str,
+) -> None:
+    ((pod, token),) = _sandboxes(core, namespace, images[image_name], ("a",))
+    # The install step ran and ended; it passes Pod Security `restricted`.
+    (init,) = pod["status"]["initContainerStatuses"]
+    assert init["state"]["terminated"]["exitCode"] == 0, init
+    r = sh(pod, token, "echo $((6*7)); tr '\\0' ' ' < /proc/1/cmdline")
+    answer, cmdline = r["stdout"].splitlines()
+    assert answer == "42"
+    # PID 1 is the tree's interpreter itself (no bootloader, nothing unpacked).
+    assert cmdline.split()[: len(DAEMON_ARGV)] == list(DAEMON_ARGV), cmdline
+    # One daemon process in the sandbox (the old build ran three).
+    r = sh(pod, token, "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done")
+    daemons = [ln for ln in r["stdout"].splitlines() if ln.startswith(DAEMON_ARGV[0])]
+    assert len(daemons) == 1, r["stdout"]
+    r = sh(pod, token, "ls -A /.sandman; test -L /.sandman/rt || echo copied; du -sk /.sandman/rt")
+    lines = r["stdout"].splitlines()
+    assert "rt" in lines and "copied" in lines, r
+    size_kib = int(lines[-1].split()[0])
+    print(f"[{image_name}] /.sandman/rt: {size_kib / 1024:.1f} MiB per pod (copy mode)")
+
+
+# -- the shared delivery -----------------------------------------------------------
+@contextmanager
+def shared_policy(cluster: LocalCluster) -> Iterator[None]:
+    """Prepend a rule choosing the shared delivery for labelled namespaces (a
+    copy of the cluster's default rule otherwise); the file is restored after."""
+    deployment = cluster.deployment
+    assert deployment is not None, "the test cluster runs Sandman's webhook"
+    path = deployment.policy_file
+    original = path.read_text()
+    doc = yaml.safe_load(original)
+    rules = doc.get("rules") or []
+    base = next((r for r in rules if "namespaceSelector" not in r), rules[-1] if rules else {})
+    rule = copy.deepcopy(base)
+    rule.update(
+        name=SHARED_RULE,
+        namespaceSelector={"matchLabels": {POLICY_LABEL: "shared-daemon"}},
+        daemonDelivery="shared",
+    )
+    doc["rules"] = [rule, *rules]
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    try:
+        yield
+    finally:
+        path.write_text(original)
+
+
+def _dry_run_is_shared(core: CoreV1Api, namespace: str, image: str) -> bool:
+    try:
+        got = raw(
+            core.create_namespaced_pod(
+                namespace, _pod("probe", image), dry_run="All", _preload_content=False
+            )
+        )
+    except ApiException:
+        return False
+    return any("hostPath" in v for v in got["spec"].get("volumes") or [])
+
+
+# What a root agent in a sandbox tries against the node's shared tree (and the
+# message that must stop each). KEY is the tree's directory name.
+ATTACKS = {
+    "append": "echo pwned >> /.sandman/shared/KEY/rt/VERSION",
+    "truncate": ": > /.sandman/shared/KEY/rt/bin/sandmand",
+    "chmod": "chmod u+w /.sandman/shared/KEY/rt/bin/sandmand",
+    "rename": "mv /.sandman/shared/KEY/rt/bin/sandmand /.sandman/shared/KEY/rt/bin/x",
+    "remove": "rm -rf /.sandman/shared/KEY",
+    "create": "touch /.sandman/shared/KEY/rt/evil",
+    "remount": "mount -o remount,rw /.sandman/shared",
+    "bind": "mkdir -p /tmp/evil && mount --bind /tmp/evil /.sandman/shared/KEY/rt/bin",
+    "unmount": "umount /.sandman/shared",
+    "hardlink": "ln /.sandman/shared/KEY/rt/bin/sandmand /tmp/h && echo x >> /tmp/h",
+    "user-namespace": "unshare -Urm sh -c 'mount -o remount,rw,bind /.sandman/shared && "
+    "echo pwned >> /.sandman/shared/KEY/rt/VERSION'",
+}
+
+
+def _tree_digest(pod: dict[str, Any], token: str, key: str) -> str:
+    r = sh(pod, token, f"cd /.sandman/shared/{key}/rt && find . -type f | sort | xargs sha256sum")
+    assert r["exit_code"] == 0 and r["stdout"], r
+    return hashlib.sha256(r["stdout"].encode()).hexdigest()
+
+
+def test_shared_delivery_two_sandboxes_one_tree_that_neither_can_change(
+    cluster: LocalCluster,
+    real_node: RealNode,
+    core: CoreV1Api,
+    namespace: str,
+    images: dict[str, str],
+) -> None:
+    existed = {p.name for p in NODE_DIR.iterdir()} if NODE_DIR.is_dir() else None
+    with shared_policy(cluster):
+        core.patch_namespace(namespace, {"metadata": {"labels": {POLICY_LABEL: "shared-daemon"}}})
+        wait_for(
+            lambda: _dry_run_is_shared(core, namespace, images["tiny"]),
+            timeout=60,
+            what="the webhook to choose the shared delivery for the namespace",
+        )
+        (a, token_a), (b, token_b) = _sandboxes(core, namespace, images["tiny"], ("a", "b"))
+    try:
+        both = ((a, token_a), (b, token_b))
+        links = [sh(p, t, "readlink /.sandman/rt")["stdout"].strip() for p, t in both]
+        assert links[0] == links[1] and links[0].startswith("/.sandman/shared/"), links
+        key = links[0].split("/")[3]
+        # The same files: the daemon's executable is one inode on one device.
+        ident = [
+            sh(p, t, f"stat -L -c '%d:%i' /.sandman/shared/{key}/rt/bin/sandmand")["stdout"]
+            for p, t in both
+        ]
+        assert ident[0] == ident[1], ident
+        # Nothing of the daemon's was copied into the pods: a symlink and state
+        # (the node directory is mounted inside /.sandman: not counted).
+        own = "cd /.sandman && du -sk $(ls -A | grep -vx shared) | awk '{s += $1} END {print s}'"
+        kib = int(sh(a, token_a, own)["stdout"])
+        assert kib < 1024, f"{kib} KiB in the pod's own /.sandman"
+        before = _tree_digest(a, token_a, key)
+
+        # A root agent in b tries everything it can against the shared tree.
+        for what, cmd in ATTACKS.items():
+            r = sh(b, token_b, cmd.replace("KEY", key))
+            assert r["exit_code"] != 0, (what, r)
+            said = r["stderr"].lower()
+            why = ("read-only", "denied", "not permitted", "cross-device", "invalid argument")
+            assert any(m in said for m in why), (what, r)
+        # Through the daemon's file API too.
+        status, doc = call(
+            b["status"]["podIP"],
+            token_b,
+            "/v1/files/remove",
+            {"path": f"/.sandman/shared/{key}/rt/VERSION"},
+        )
+        assert status == 403, doc
+        # b may repoint its own link: that changes only its own pod.
+        sh(b, token_b, "ln -sfn /tmp /.sandman/rt")
+
+        assert _tree_digest(a, token_a, key) == before
+        assert sh(a, token_a, "readlink /.sandman/rt")["stdout"].strip() == links[0]
+        assert sh(a, token_a, "echo still-serving")["stdout"] == "still-serving\n"
+        # On the node: the tree has no write bit, the directory is root's alone.
+        shared = NODE_DIR / key / "rt"
+        for p in [shared, *shared.rglob("*")]:
+            st = p.lstat()
+            assert (st.st_uid == 0 and not stat.S_IMODE(st.st_mode) & 0o222) or p.is_symlink(), p
+        top = NODE_DIR.stat()
+        assert top.st_uid == 0 and not stat.S_IMODE(top.st_mode) & 0o022, oct(top.st_mode)
+    finally:
+        for name in ("a", "b"):
+            with contextlib.suppress(ApiException):
+                core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+        if existed is None:
+            shutil.rmtree(NODE_DIR, ignore_errors=True)  # the kubelet made it for this test
+        else:
+            for child in NODE_DIR.iterdir():  # only what this test installed
+                if child.name not in existed:
+                    shutil.rmtree(child, ignore_errors=True)
