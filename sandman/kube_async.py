@@ -25,7 +25,7 @@ import ssl
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,21 @@ SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 # its expirationTimestamp, a service-account token file is rotated by the
 # kubelet at 80% of its (>= 10 minute) lifetime; a 401 renews at once.
 TOKEN_RECHECK_S = 10.0
+# An answer of 429, or of 5xx with a Retry-After header, says the apiserver did
+# not process the request (API Priority and Fairness rejecting a full queue,
+# the max-inflight limit, a server shutting down): client-go's rest client
+# waits the seconds Retry-After names and sends it again, for every verb. We
+# do the same, for up to THROTTLE_BUDGET_S of waiting per request (client-go
+# counts 10 tries; APF asks for 1 s at a time, so a budget in seconds says
+# what a caller may really wait). A 429 without the header waits 1 s
+# (RETRY_AFTER_DEFAULT_S); a huge value is capped (RETRY_AFTER_MAX_S) so one
+# answer cannot stall a client for minutes.
+THROTTLE_BUDGET_S = 120.0
+RETRY_AFTER_DEFAULT_S = 1.0
+RETRY_AFTER_MAX_S = 30.0
+# "Retry-After: 0" still waits this long, so a server that keeps saying 0
+# gets at most budget / 0.1 tries instead of a busy loop.
+RETRY_AFTER_MIN_S = 0.1
 
 
 class ApiError(Exception):
@@ -422,15 +437,23 @@ class KubeClient:
         user_agent: str = "sandman",
         max_connections: int = 64,
         qps_timeout_s: float = 30.0,
+        throttle_budget_s: float = THROTTLE_BUDGET_S,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.creds = creds
         self._session: aiohttp.ClientSession | None = None
         self._user_agent = user_agent
         self._max = max_connections
         self._timeout = qps_timeout_s
+        self._throttle_budget_s = throttle_budget_s
+        self._sleep = sleep
         # Requests by verb (GET/POST/...; "WATCH" for watch calls): what a
         # controller costs the apiserver, for metrics and benchmarks.
         self.requests: collections.Counter[str] = collections.Counter()
+        # Answers that asked us to come back later (by status), and the
+        # seconds waited for them: how often the apiserver pushed back.
+        self.throttled: collections.Counter[int] = collections.Counter()
+        self.throttled_wait_s = 0.0
 
     @classmethod
     def from_kubeconfig(
@@ -506,7 +529,9 @@ class KubeClient:
             url += "?" + urlencode({k: v for k, v in params.items() if v is not None})
         data = None if body is None else json.dumps(body).encode()
         auth = await self.auth_headers()
-        for attempt in (0, 1):
+        renewed = False
+        waited = 0.0
+        while True:
             headers = dict(auth)
             if data is not None:
                 headers["Content-Type"] = content_type
@@ -519,16 +544,24 @@ class KubeClient:
                 **self.request_options(),
             ) as resp:
                 payload = await resp.read()
-                if self._renewable(resp.status, attempt):
+                if self._renewable(resp.status, 1 if renewed else 0):
                     # An expired exec-plugin or rotated token: renew, retry once
                     # (a 401 means the request was not processed).
                     auth = await self.auth_headers(refused=auth)
+                    renewed = True
                     continue
-                doc = json.loads(payload) if payload else None
-                if resp.status >= 400:
-                    raise ApiError(resp.status, doc if doc is not None else payload.decode())
-                return doc
-        raise AssertionError("unreachable")
+                wait = retry_after(resp.status, resp.headers.get("Retry-After"))
+                if wait is None or waited + wait > self._throttle_budget_s:
+                    doc = json.loads(payload) if payload else None
+                    if resp.status >= 400:
+                        raise ApiError(resp.status, doc if doc is not None else payload.decode())
+                    return doc
+                self.throttled[resp.status] += 1
+            # Not processed: wait as asked (the connection is back in the pool)
+            # and send the same request again.
+            waited += wait
+            self.throttled_wait_s += wait
+            await self._sleep(wait)
 
     # -- verbs ----------------------------------------------------------------
     async def get(self, res: Resource, name: str, namespace: str | None = None) -> Any:
@@ -644,6 +677,26 @@ class KubeClient:
                         raise WatchExpired()
                     raise ApiError(ev["object"].get("code", 500), ev["object"])
                 yield ev["type"], ev["object"]
+
+
+def retry_after(status: int, header: str | None) -> float | None:
+    """Seconds to wait before sending a request again, or None: do not.
+
+    As client-go's ``checkWait``: a 429, or a 5xx that carries Retry-After
+    (the server's word that it did not process the request). The header's
+    delay-seconds form only (the apiserver never sends a date).
+    """
+    if status != 429 and not (status >= 500 and header is not None):
+        return None
+    if header is None:
+        return RETRY_AFTER_DEFAULT_S
+    try:
+        seconds = float(header.strip())
+    except ValueError:
+        return RETRY_AFTER_DEFAULT_S if status == 429 else None
+    if seconds != seconds or seconds < 0:  # NaN or negative
+        return RETRY_AFTER_DEFAULT_S if status == 429 else None
+    return min(max(seconds, RETRY_AFTER_MIN_S), RETRY_AFTER_MAX_S)
 
 
 def _params(params: Mapping[str, Any]) -> dict[str, str]:
