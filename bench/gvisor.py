@@ -37,7 +37,7 @@ from kubernetes.client import CoreV1Api
 from sandman.bench.daemon import exec_latencies
 from sandman.bench.report import percentile
 from sandman.client import Sandbox, SandmanClient
-from sandman.contract import DAEMON_ARGV, DAEMON_PORT, LABEL_NODE_KIND
+from sandman.contract import ANN_KEY_ID, DAEMON_ARGV, DAEMON_PORT, LABEL_NODE_KIND, annotations
 from sandman.harness.cluster import gvisor
 from sandman.harness.cluster.config import Versions
 from sandman.harness.cluster.node import RealNode
@@ -106,7 +106,7 @@ async def _bench(
             try:
                 await asyncio.sleep(IDLE_SETTLE_S)
                 out[rt].update(pod_memory(node, ns, sb.name, sb.pod["metadata"]["uid"]))
-                token = await c.token_for(sb.namespace, sb.id)
+                token = await c.token_for(sb.namespace, sb.id, annotations(sb.pod).get(ANN_KEY_ID))
                 url = f"http://{sb.ip}:{DAEMON_PORT}"
                 lat = await exec_latencies(url, token, args.execs)
                 out[rt]["exec_p50_ms"] = percentile(lat, 50)

@@ -2,6 +2,7 @@
 on the real node, under gVisor: the daemon in gVisor's kernel (its own
 network stack, file system and process model) holds every case as the host
 daemon does in tests/unit/daemon/test_corpus.py, and never logs a traceback.
+(The runc run, with the Debian image, is tests/e2e/test_daemon_corpus.py.)
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import pytest
 from kubernetes.client import CoreV1Api
 
 from sandman.client import Sandbox, SandmanClient
-from sandman.contract import DAEMON_DIR, DAEMON_PORT, LABEL_NODE_KIND
+from sandman.contract import ANN_KEY_ID, DAEMON_DIR, DAEMON_PORT, LABEL_NODE_KIND, annotations
 from sandman.harness.cluster.local import LocalCluster
 from tests.e2e.runtimes import RUNTIME_PROBE, assert_runs_under
 from tests.unit.daemon import corpus
@@ -41,7 +42,7 @@ async def test_daemon_corpus_holds_in_a_sandbox(
     ) as sb:
         assert_runs_under(runtime, (await sb.exec(RUNTIME_PROBE)).stdout)
         assert sb.ip is not None
-        token = await sdk.token_for(sb.namespace, sb.id)
+        token = await sdk.token_for(sb.namespace, sb.id, annotations(sb.pod).get(ANN_KEY_ID))
         target = corpus.Target(sb.ip, DAEMON_PORT, token, DAEMON_DIR)
         results = await asyncio.to_thread(corpus.run_all, target)
         failed = {case: problems for case, problems in results.items() if problems}
