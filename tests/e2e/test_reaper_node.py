@@ -112,8 +112,14 @@ def test_missing_image_is_stuck_reclaimed(core: CoreV1Api, namespace: str, reape
             "metadata": {"name": "no-image", "labels": {LABEL_SANDBOX: "true"}},
             "spec": {
                 "nodeSelector": {"sandman.dev/node-kind": "real"},
+                # A command, so admission does not look the (missing) image up:
+                # the pull failure is what this test is about.
                 "containers": [
-                    {"name": "main", "image": "127.0.0.1:5000/sandman/does-not-exist:1"}
+                    {
+                        "name": "main",
+                        "image": "127.0.0.1:5000/sandman/does-not-exist:1",
+                        "command": ["sleep", "3600"],
+                    }
                 ],
             },
         },
