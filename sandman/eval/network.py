@@ -34,9 +34,22 @@ def offline_policies() -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(text) if d]
 
 
+async def _policies(kube: KubeClient, namespace: str) -> dict[str, Any]:
+    try:
+        return await kube.list(NETWORK_POLICIES, namespace)  # type: ignore[no-any-return]
+    except ApiError as e:
+        if e.status not in (401, 403):
+            raise
+        raise NetworkNotIsolated(
+            f"cannot list NetworkPolicies in {namespace} (HTTP {e.status}): the run must see "
+            "them to know that offline tasks are offline; grant get/list on "
+            "networking.k8s.io networkpolicies, or give tasks `network: true`"
+        ) from None
+
+
 async def ensure_offline(kube: KubeClient, namespace: str) -> dict[str, Any]:
     """Create what is missing, then verify; returns what the run records."""
-    have = await kube.list(NETWORK_POLICIES, namespace)
+    have = await _policies(kube, namespace)
     names = {p["metadata"]["name"] for p in have.get("items") or []}
     created = []
     for policy in offline_policies():
@@ -54,7 +67,7 @@ async def ensure_offline(kube: KubeClient, namespace: str) -> dict[str, Any]:
                 "manifests/sandbox-namespace (or give tasks `network: true`)"
             ) from None
         created.append(name)
-    have = await kube.list(NETWORK_POLICIES, namespace)
+    have = await _policies(kube, namespace)
     items = have.get("items") or []
     isolated, isolating, leaking = network_isolation(items, OFFLINE_LABELS)
     if not isolated:

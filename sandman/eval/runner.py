@@ -65,7 +65,15 @@ class RunResult:
 
 
 class EvalRun:
-    """One run of a spec into one results directory. Not reusable."""
+    """One run of a spec into one results directory.
+
+    Exists so that no result can claim conditions nobody checked, and no hole
+    can pass for a score: pins, the network check and the per-task checks
+    happen here or in ``attempt``, and every exception of a task ends in a
+    classified record (a crash of the runner itself still leaves the lines
+    already appended, which ``--resume`` keeps). Use once; safe for the
+    concurrent tasks it starts on one event loop, not across threads.
+    """
 
     def __init__(
         self,
