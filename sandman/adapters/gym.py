@@ -11,7 +11,8 @@
 An observation is text; an action is a shell command (run in a persistent
 shell: ``cd`` and ``export`` carry over), a ``FileEdit``, or ``"submit"``,
 which ends the episode with the task's reward. ``reset`` reuses the
-sandbox when ``/v1/reset`` verifies it pristine, else it gets a new one
+sandbox when ``/v1/reset`` verifies it pristine and its container never
+restarted (a restarted daemon's record proves nothing), else it gets a new one
 (claimed from a warm pool when ``pool=`` names one, or created).
 
 Infrastructure failures are never rewards: the step returns reward 0.0,
@@ -196,17 +197,20 @@ class SandmanEnv(gym.Env[str, Action]):
 
     # -- sandboxes ----------------------------------------------------------------------
     async def _pristine(self) -> Sandbox:
-        """The current sandbox if /v1/reset verifies it clean, else a new one."""
+        """The current sandbox if /v1/reset verifies it clean and its container
+        never restarted, else a new one."""
         if self.sandbox is not None:
             try:
                 report = await self.sandbox.reset()
-            except SandmanError as e:
-                report = {"clean": False, "drift": [str(e)]}
-            if report.get("clean"):
+                # MUST come after the reset: a container restart during the
+                # episode or the reset voids its clean verdict (client/reuse.py).
+                why = await self.sandbox.reuse_refusal(report)
+            except (SandmanError, ApiError, OSError) as e:
+                why = f"reset failed: {e}"
+            if why is None:
                 self._session = None  # reset closed every session
                 return self.sandbox
-            log.info("sandbox %s not pristine (%s): replacing it", self.sandbox.name,
-                     report.get("drift"))  # fmt: skip
+            log.info("sandbox %s not reusable (%s): replacing it", self.sandbox.name, why)
             await self.arelease()
         for attempt in range(self.max_attempts):
             try:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sandman.client import pty as pty_mod
-from sandman.client import startup
+from sandman.client import reuse, startup
 from sandman.client.client import UNSET, SandmanClient
 from sandman.client.errors import (
     DaemonError,
@@ -558,8 +558,29 @@ class Sandbox:
         return data
 
     async def reset(self) -> dict[str, Any]:
-        """Restore for reuse; check ``["clean"]``: a sandbox with drift must be replaced."""
+        """Restore for reuse. Before reusing, ask ``reuse_refusal(report)``: a
+        sandbox with drift, or whose container restarted, must be replaced."""
         return await self._call("POST", "/v1/reset", timeout=300)  # type: ignore[no-any-return]
+
+    async def reuse_refusal(self, report: dict[str, Any]) -> str | None:
+        """Why this sandbox must be replaced after ``reset()`` answered
+        ``report``, or None when it may serve another rollout.
+
+        MUST be called after the reset answered: it reads the pod afresh, so a
+        container restart during the rollout or the reset is seen (a
+        restarted daemon's ``clean: true`` proves nothing: ``reuse.py``). A
+        pod that is gone is refused; other API errors are raised.
+        """
+        try:
+            pod = await self.client.kube.get(PODS, self.name, self.namespace)
+        except ApiError as e:
+            if e.not_found:
+                return "the pod is gone"
+            raise
+        if pod["metadata"].get("uid") != self.pod["metadata"].get("uid"):
+            return "the pod is gone (another pod has its name)"
+        self.pod = pod
+        return reuse.refusal(report, pod)
 
     async def status(self) -> dict[str, Any]:
         return await self._call("GET", "/v1/status")  # type: ignore[no-any-return]

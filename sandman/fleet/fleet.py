@@ -451,13 +451,16 @@ class Fleet:
         self.data.counters.resets += 1
         try:
             result = await self.reset_fn(sb)
-        except SandmanError as e:
-            log.warning("reset of %s failed (%s): replacing it", sb.name, e)
-            result = {"clean": False}
-        if result.get("clean"):
+            # MUST come after the reset: a restart during the rollout or the
+            # reset voids its clean verdict (sandman/client/reuse.py).
+            why = await sb.reuse_refusal(dict(result))
+        except (SandmanError, ApiError, OSError, TimeoutError) as e:
+            why = f"reset failed: {e}"
+        if why is None:
             s.idle.append(sb)
             self._changed()
             return
+        log.warning("not reusing %s (%s): replacing it", sb.name, why)
         self.data.counters.resets_dirty += 1
         await self._quarantine(sb)
         await self._drop(s, sb, quarantined=True)

@@ -85,7 +85,7 @@ class RunCounters:
     claims: int = 0
     claim_conflicts: int = 0  # lost races, retried on another pod
     resets: int = 0
-    resets_dirty: int = 0  # reset reported drift: quarantined and replaced
+    resets_dirty: int = 0  # drift, failed reset or restarted container: replaced
     rotations: int = 0  # retired after max_reuses
     infra_retries: int = 0
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sandman.client import startup
+from sandman.client import reuse, startup
 from sandman.contract import ANN_EXPIRES_AT, LABEL_CLAIM, LABEL_STATE, format_time
 from sandman.kube_async import JSON_PATCH, PODS, ApiError, KubeClient, escape_pointer, list_all
 from sandman.pools.spec import (
@@ -121,7 +121,8 @@ def rank(pods: Sequence[dict[str, Any]], rng: random.Random) -> list[dict[str, A
     instead of all racing for the first one), then pods still starting, oldest
     first (closest to Ready), then pods in trouble that may yet start (e.g. a
     pull in back-off). Pods that are terminating or can never start are left
-    alone."""
+    alone, and so are pods whose container restarted: their daemon's pristine
+    record proves nothing (``sandman.client.reuse``); the pool replaces them."""
     ready, starting, troubled = [], [], []
     for p in pods:
         md = p.get("metadata") or {}
@@ -129,6 +130,8 @@ def rank(pods: Sequence[dict[str, Any]], rng: random.Random) -> list[dict[str, A
         if md.get("deletionTimestamp") or labels.get(LABEL_STATE) != STATE_IDLE:
             continue
         if labels.get(LABEL_CLAIM):  # held by a claimer, on its way out
+            continue
+        if reuse.restarts(p):
             continue
         if startup.ready(p):
             ready.append(p)
@@ -193,11 +196,25 @@ async def claim(
                 conflicts += 1
                 continue
             raise
+        if reuse.restarts(won):
+            # It restarted after the candidates were listed: ours now, so ours
+            # to replace (deleted; the ReplicaSet refills), never to hand out.
+            await _discard(kube, namespace, won)
+            continue
         return ClaimResult(won, conflicts, startup.ready(won))
     raise NoIdlePod(
         f"pool {pool}: no idle pod to claim"
         + (f" ({conflicts} lost to other claimers)" if conflicts else "")
     )
+
+
+async def _discard(kube: KubeClient, namespace: str, pod: dict[str, Any]) -> None:
+    md = pod["metadata"]
+    try:
+        await kube.delete(PODS, md["name"], namespace, uid=md["uid"])
+    except ApiError as e:
+        if not (e.not_found or e.conflict):
+            raise
 
 
 async def leave_pool(kube: KubeClient, namespace: str, pod: dict[str, Any]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import datetime as dt
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sandman.client import startup
+from sandman.client import reuse, startup
 from sandman.contract import LABEL_STATE
 from sandman.pools.spec import STATE_CLAIMED, STATE_IDLE
 
@@ -27,6 +27,7 @@ class PoolHealth:
     failing: int = 0  # idle pods that cannot start (reasons below)
     claimed: int = 0  # claimed pods still alive (they keep the pool label)
     expired: int = 0  # idle pods that reached the policy's max lifetime (to recycle)
+    restarted: int = 0  # idle pods whose container restarted: never claimed (to recycle)
     condition: str = HEALTHY
     reasons: dict[str, int] = field(default_factory=dict)  # e.g. {"ImageNotFound": 3}
     message: str = ""
@@ -40,6 +41,12 @@ def is_expired(pod: dict[str, Any]) -> bool:
     sets the policy's max lifetime): old age, not a pool that cannot start."""
     st = pod.get("status") or {}
     return st.get("phase") == "Failed" and st.get("reason") == "DeadlineExceeded"
+
+
+def is_restarted(pod: dict[str, Any]) -> bool:
+    """A pod whose container restarted: its daemon's pristine record proves
+    nothing (``sandman.client.reuse``), so no claim takes it; it is replaced."""
+    return bool(reuse.restarts(pod))
 
 
 def pool_health(pods: list[dict[str, Any]]) -> PoolHealth:
@@ -58,6 +65,9 @@ def pool_health(pods: list[dict[str, Any]]) -> PoolHealth:
             continue
         if is_expired(pod):
             h.expired += 1
+            continue
+        if is_restarted(pod):
+            h.restarted += 1
             continue
         if startup.ready(pod):
             h.ready += 1

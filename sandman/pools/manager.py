@@ -44,7 +44,7 @@ from sandman.kube_async import (
 )
 from sandman.pools.claim import ClaimResult, NoIdlePod, claim, leave_pool
 from sandman.pools.decide import after_claim, keep_waiting, two_phase_claim
-from sandman.pools.health import FAILING, PoolHealth, is_expired, pool_health
+from sandman.pools.health import FAILING, PoolHealth, is_expired, is_restarted, pool_health
 from sandman.pools.limiter import CreateLimiter
 from sandman.pools.spec import ANN_POOL_STATUS, STATE_IDLE, PoolSpec, replicaset_name
 from sandman.pools.warm import dry_run_pod
@@ -364,16 +364,17 @@ class PoolManager:
         now = time.monotonic()
         for name in names:
             if name in self._pools:
-                await self._recycle_expired(name)
+                await self._recycle(name)
                 await self._publish_status(name, now)
 
-    async def _recycle_expired(self, pool: str) -> None:
-        """Delete the pool's own idle pods that died of old age. The
+    async def _recycle(self, pool: str) -> None:
+        """Delete the pool's own idle pods that died of old age (the
         ReplicaSet has replaced them already but leaves the Failed pods
-        behind; nobody else would clean them up."""
+        behind; nobody else would clean them up) or whose container restarted
+        (no claim takes them, and the ReplicaSet would keep them forever)."""
         for pod in self.pods(pool):
             md = pod["metadata"]
-            if md.get("deletionTimestamp") or not is_expired(pod):
+            if md.get("deletionTimestamp") or not (is_expired(pod) or is_restarted(pod)):
                 continue
             if md.get("labels", {}).get(LABEL_STATE) != STATE_IDLE:
                 continue

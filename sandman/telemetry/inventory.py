@@ -22,7 +22,7 @@ from sandman.contract import LABEL_POOL, ContractError, parse_time
 from sandman.pools.health import FAILING, pool_health
 
 TERMINATING = "Terminating"  # a phase of our own: deletionTimestamp set
-POOL_STATES = ("ready", "starting", "failing", "claimed", "expired")
+POOL_STATES = ("ready", "starting", "failing", "claimed", "expired", "restarted")
 
 
 @dataclass

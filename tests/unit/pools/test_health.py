@@ -169,6 +169,7 @@ def test_to_json_is_plain_data():
         "failing": 1,
         "claimed": 0,
         "expired": 0,
+        "restarted": 0,
         "condition": FAILING,
         "reasons": {"ImageNotFound": 1},
         "message": h.message,
