@@ -13,6 +13,7 @@ import asyncio
 import statistics
 import sys
 import time
+from pathlib import Path
 
 from sandman.client import Sandbox, SandboxStartError, SandmanClient
 from sandman.contract import LABEL_NODE_KIND
@@ -25,7 +26,7 @@ from sandman.harness.images.recipes import SWE_BUGGY_LINE, SWE_FIXED_LINE
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("demo", help="run a demo batch of sandboxes on the local cluster")
     p.add_argument("--sandboxes", type=int, default=8)
-    p.add_argument("--state-dir", default=None)
+    p.add_argument("--state-dir", type=Path, default=None)
     p.add_argument("--namespace", default="default")
     p.set_defaults(func=cmd_demo)
 
