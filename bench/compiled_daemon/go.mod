@@ -1,0 +1,3 @@
+module sandman.dev/bench/compiled_daemon
+
+go 1.22
