@@ -51,6 +51,8 @@ IN_CLUSTER = {
     "scheduler": ("sandman-scheduler", "kube-scheduler"),
     "reaper": ("sandman-reaper", "reaper serve"),
 }
+# ... and its container's name in the pod (manifests/*/deployment.yaml).
+CONTAINERS = {"webhook": "webhook", "extender": "extender", "reaper": "reaper"}
 
 
 def _wait(pred: Callable[[], Any], timeout: float, what: str) -> None:
@@ -93,7 +95,10 @@ class HostReaper:
             )
 
     def ready(self) -> bool:
-        return http_ok(reaper_proc.url(self.port, "/readyz"))
+        try:
+            return http_ok(reaper_proc.url(self.port, "/readyz"))
+        except OSError:
+            return False
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -180,8 +185,21 @@ class Reapers:
         proc.start()
         return who, t
 
-    def wait_new_leader(self, old: str, timeout: float = RECOVER_TIMEOUT_S) -> str:
-        _wait(lambda: (h := self.holder()) and h != old, timeout, "a new reaper leader")
+    def wait_leading_again(self, killed_at: float, timeout: float = RECOVER_TIMEOUT_S) -> str:
+        """Until a live reaper renewed the Lease after ``killed_at`` (the killed one
+        cannot): the standby once the Lease expired, or the restarted replica,
+        which keeps its identity (a pod's name) and takes its Lease back."""
+
+        def renewed() -> bool:
+            lease = self.coord.read_namespaced_lease(self.lease_name, self.lease_ns)
+            t = lease.spec.renew_time
+            return t is not None and t.timestamp() > killed_at and bool(lease.spec.holder_identity)
+
+        # A renewal the killed leader sent just before it died may still land:
+        # only one well after the kill (a leader renews every 2 s) proves a
+        # live one leads.
+        killed_at += 3.0
+        _wait(renewed, timeout, "a reaper leading again")
         return self.holder()
 
     def stop(self) -> None:
@@ -205,22 +223,37 @@ def component_pods(cluster: LocalCluster, app: str) -> list[dict[str, Any]]:
 
 def kill_in_pod(cluster: LocalCluster, component: str, *, pod_name: str | None = None) -> str:
     """SIGKILL ``component``'s process in one of its pods (the named one, else
-    the first Ready one); the kubelet restarts the container. Returns the pod."""
+    the first Ready one), and wait until the kubelet has restarted the
+    container and the pod is Ready again. Returns the pod's name."""
     app, needle = IN_CLUSTER[component]
     pods = component_pods(cluster, app)
     if pod_name is not None:
-        pods = [p for p in pods if p["metadata"]["name"] == pod_name]
-    else:
-        pods = [p for p in pods if _ready(p)] or pods
+        pods = [p for p in pods if p["metadata"]["name"] == pod_name] or pods
+    pods = [p for p in pods if _ready(p)] or pods
     if not pods:
         raise RuntimeError(f"no {app} pod to kill")
     pod = pods[0]
+    name = str(pod["metadata"]["name"])
+    before = _restarts(pod, CONTAINERS[component])
     pids = [p for p in pids_of_pod(pod["metadata"]["uid"]) if needle in cmdline(p)]
     if not pids:
-        raise RuntimeError(f"no {needle!r} process of pod {pod['metadata']['name']} on this host")
+        raise RuntimeError(f"no {needle!r} process of pod {name} on this host")
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
-    return str(pod["metadata"]["name"])
+
+    def back() -> bool:
+        now = next((p for p in component_pods(cluster, app) if p["metadata"]["name"] == name), None)
+        return now is not None and _restarts(now, CONTAINERS[component]) > before and _ready(now)
+
+    _wait(back, RECOVER_TIMEOUT_S, f"{component} in {name}")
+    return name
+
+
+def _restarts(pod: dict[str, Any], container: str) -> int:
+    for cs in (pod.get("status") or {}).get("containerStatuses") or ():
+        if cs.get("name") == container:
+            return int(cs.get("restartCount", 0))
+    return 0
 
 
 def _ready(pod: dict[str, Any]) -> bool:
@@ -253,8 +286,7 @@ class Chaos:
         assert dep is not None
         if self.in_cluster:
             pod = kill_in_pod(self.cluster, "webhook")
-            _wait(lambda: _webhooks_ready(self.cluster) >= 2, RECOVER_TIMEOUT_S, "webhook pods")
-            return f"killed the webhook in {pod}"
+            return f"killed the webhook in {pod}; the kubelet restarted it"
         proc = _host_process(self.cluster, "sandman-webhook")
         pid = proc.running_pid()
         assert pid is not None
@@ -266,12 +298,7 @@ class Chaos:
     def kill_extender(self) -> str:
         if self.in_cluster:
             pod = kill_in_pod(self.cluster, "extender", pod_name=_scheduler_leader(self.cluster))
-            _wait(
-                lambda: all(_ready(p) for p in component_pods(self.cluster, "sandman-scheduler")),
-                RECOVER_TIMEOUT_S,
-                "the extender",
-            )
-            return f"killed the extender of the leading scheduler {pod}"
+            return f"killed the extender of the leading scheduler {pod}; restarted"
         proc = _host_process(self.cluster, "sandman-extender")
         pid = proc.running_pid()
         assert pid is not None
@@ -289,9 +316,9 @@ class Chaos:
         return f"killed the extender (pid {pid}), restarted after {self.down_s:.0f}s"
 
     def kill_reaper_leader(self) -> str:
-        who, _ = self.reapers.kill_leader(self.down_s)
-        new = self.reapers.wait_new_leader(who)
-        return f"killed the reaper leader {who}; {new} took the Lease"
+        who, killed_at = self.reapers.kill_leader(self.down_s)
+        new = self.reapers.wait_leading_again(killed_at)
+        return f"killed the reaper leader {who}; {new} renewed the Lease"
 
     def restart_apiserver(self) -> str:
         proc = _host_process(self.cluster, "kube-apiserver")
@@ -300,10 +327,6 @@ class Chaos:
         ctx = insecure_context()
         _wait(lambda: http_ok(f"{self.cluster.server}/readyz", context=ctx), 120, "the apiserver")
         return "stopped and started the apiserver"
-
-
-def _webhooks_ready(cluster: LocalCluster) -> int:
-    return sum(1 for p in component_pods(cluster, "sandman-webhook") if _ready(p))
 
 
 def _scheduler_leader(cluster: LocalCluster) -> str | None:

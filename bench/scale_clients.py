@@ -77,6 +77,9 @@ class Batch:
     out: str  # JSON-lines file
     kind: str = "sandbox"
     deadline_s: float = 3600.0  # give up on a create after this long (recorded, never silent)
+    rate: float | None = (
+        None  # creates started per second by this process (None: as fast as it can)
+    )
 
 
 @dataclass
@@ -160,6 +163,9 @@ async def run_batch(b: Batch) -> Tally:
         async with kube:
 
             async def one(i: int) -> None:
+                if b.rate:
+                    # Paced: create i starts at its slot, whatever the others do.
+                    await asyncio.sleep(max(0.0, t_start + (i - b.start) / b.rate - time.time()))
                 async with sem:
                     await _create_one(kube, b, i, out, tally, t_end)
 
@@ -201,7 +207,10 @@ class ClientFleet:
         out_dir: Path,
         kind: str = "sandbox",
         offset: int = 0,
+        rate: float | None = None,
     ) -> ClientFleet:
+        """``count`` creates over ``processes`` processes; ``rate`` (creates/s in
+        all) paces them, else they go as fast as ``concurrency`` allows."""
         per = -(-count // processes)
         batches = []
         for k in range(processes):
@@ -219,6 +228,7 @@ class ClientFleet:
                     concurrency,
                     str(out_dir / f"{prefix.rstrip('-')}-{k}.jsonl"),
                     kind=kind,
+                    rate=None if rate is None else rate / processes,
                 )
             )
         return cls(batches)

@@ -210,6 +210,8 @@ class WatchProcess:
             raise RuntimeError("the bench's watch did not list the namespace in time")
 
     def stop(self) -> None:
+        if self.proc.pid is None:
+            return  # never started
         self.stop_event.set()
         self.proc.join(15)
         if self.proc.is_alive():
