@@ -84,7 +84,10 @@ class Forwarder:
             return await self.kube.session().ws_connect(
                 self._url(port),
                 protocols=(PROTOCOL,),
-                headers=await self.kube.auth_headers(),
+                # The kubelet's and the container runtime's port-forward routes
+                # declare no media type, so go-restful answers 406 to the
+                # client's usual `Accept: application/json`; kubectl sends none.
+                headers={"Accept": "*/*", **(await self.kube.auth_headers())},
                 autoping=True,
                 **self.kube.request_options(),
             )

@@ -37,8 +37,11 @@ async def kubelet() -> AsyncIterator[tuple[str, int, list[str]]]:
     inside_port = inside.sockets[0].getsockname()[1]
     seen: list[str] = []
 
-    async def portforward(request: web.Request) -> web.WebSocketResponse:
+    async def portforward(request: web.Request) -> web.StreamResponse:
         seen.append(request.path_qs)
+        if request.headers.get("Accept") not in (None, "*/*"):
+            # go-restful's answer for a route that declares no media type
+            return web.Response(status=406, text="406: Not Acceptable")
         port = int(request.query["ports"])
         ws = web.WebSocketResponse(protocols=(PROTOCOL,))
         await ws.prepare(request)
@@ -121,7 +124,7 @@ async def test_a_refused_stream_names_the_status(kubelet: tuple[str, int, list[s
         assert await reader.read() == b""
         writer.close()
         await fwd.close()
-    assert len(fwd.errors) == 1 and "404" in fwd.errors[0]
+    assert len(fwd.errors) == 1 and "404" in fwd.errors[0], fwd.errors
 
 
 def test_port_specs_as_kubectl_writes_them() -> None:
