@@ -16,16 +16,26 @@ blip); a daemon unreachable for longer than the idle timeout does.
 from __future__ import annotations
 
 import datetime as dt
+import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
-from sandman.contract import DAEMON_PORT
+from sandman.contract import DAEMON_PORT, MAX_DURATION
 
 # A status poll should take milliseconds; a daemon slower than this is as good
 # as unreachable for the purpose of this one poll.
 POLL_TIMEOUT_S = 3.0
+# The daemon answers ``{"idle_s": N}`` in a few dozen bytes. What the reaper
+# reads is bounded because the answer comes from inside a sandbox: an agent
+# that replaced the daemon's files could answer gigabytes to a reaper that
+# polls thousands of sandboxes.
+MAX_IDLE_BODY = 4096
+# No lease or idle timeout is longer (contract.parse_duration's cap); a larger
+# figure is not an answer, and would overflow the reaper's datetime arithmetic.
+MAX_IDLE_S = MAX_DURATION.total_seconds()
 
 
 @dataclass
@@ -78,15 +88,27 @@ class IdleTracker:
 IDLE_UNSUPPORTED = -1.0
 
 
-async def poll_idle_seconds(http: aiohttp.ClientSession, pod: dict[str, Any]) -> float | None:
-    """``idle_s`` from the sandbox's daemon; None if it could not be asked;
-    ``IDLE_UNSUPPORTED`` if its daemon has no idle figure."""
+def parse_idle(body: bytes) -> float | None:
+    """The ``idle_s`` of a ``/v1/idle`` answer; None for anything else (not
+    JSON, not a finite number from 0 to ``MAX_IDLE_S``)."""
+    try:
+        idle = float(json.loads(body)["idle_s"])
+    except (ValueError, KeyError, TypeError, IndexError):
+        return None
+    return idle if math.isfinite(idle) and 0 <= idle <= MAX_IDLE_S else None
+
+
+async def poll_idle_seconds(
+    http: aiohttp.ClientSession, pod: dict[str, Any], *, port: int = DAEMON_PORT
+) -> float | None:
+    """``idle_s`` from the sandbox's daemon; None if it could not be asked or
+    gave no usable answer; ``IDLE_UNSUPPORTED`` if its daemon has no idle figure."""
     ip = (pod.get("status") or {}).get("podIP")
     if not ip:
         return None
     try:
         async with http.get(
-            f"http://{ip}:{DAEMON_PORT}/v1/idle",
+            f"http://{ip}:{port}/v1/idle",
             timeout=aiohttp.ClientTimeout(total=POLL_TIMEOUT_S),
             allow_redirects=False,
         ) as r:
@@ -94,8 +116,12 @@ async def poll_idle_seconds(http: aiohttp.ClientSession, pod: dict[str, Any]) ->
                 return IDLE_UNSUPPORTED
             if r.status != 200:
                 return None
-            doc = await r.json()
-            idle = float(doc["idle_s"])
-            return idle if idle >= 0 and idle == idle else None  # NaN or negative: no answer
-    except (aiohttp.ClientError, TimeoutError, OSError, ValueError, KeyError, TypeError):
+            body = b""
+            while len(body) <= MAX_IDLE_BODY:
+                chunk = await r.content.read(MAX_IDLE_BODY + 1 - len(body))
+                if not chunk:
+                    return parse_idle(body)
+                body += chunk
+            return None  # too long; leaving the block drops the connection unread
+    except (aiohttp.ClientError, TimeoutError, OSError):
         return None
