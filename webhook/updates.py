@@ -5,8 +5,9 @@ image``, ``kubectl debug`` (the ``pods/ephemeralcontainers`` subresource) and
 in-place resize (``pods/resize``). Two kinds of rules:
 
 - the contract (``HARD_RULES``), denied in every mode: a pod becomes a sandbox
-  only at CREATE (through injection) and stays one; its identity and the
-  markers the webhook wrote never change; its lease never disappears.
+  only at CREATE (through injection) and stays one; its identity, its
+  profile and the markers the webhook wrote never change; its lease never
+  disappears, nor becomes unreadable (the reaper could not tell when it ends).
 - the policy: an update may not add a breach the pod did not already have.
   The whole pod is checked again (``checks.check``) and compared with the
   old one, so a pod admitted under an older, laxer policy can still be
@@ -27,6 +28,7 @@ from sandman.contract import (
     ANN_IDLE_TIMEOUT,
     ANN_INJECTED,
     ANN_KEY_ID,
+    ANN_PROFILE,
     ANN_TOKEN_SHA256,
     LABEL_ID,
     LABEL_SANDBOX,
@@ -42,7 +44,15 @@ from sandman.webhook.checks import check
 from sandman.webhook.policy import RuleSet, Violation
 
 HARD_RULES = frozenset(
-    {"sandbox-label", "sandbox-id", "sandbox-marker", "lease-removed", "daemon-volume"}
+    {
+        "sandbox-label",
+        "sandbox-id",
+        "sandbox-marker",
+        "profile-immutable",
+        "lease-removed",
+        "lease-format",
+        "daemon-volume",
+    }
 )
 # Written by the webhook at CREATE; what the reaper and the token derive from.
 IMMUTABLE_ANNOTATIONS = (ANN_INJECTED, ANN_ADMITTED, ANN_KEY_ID, ANN_TOKEN_SHA256)
@@ -79,6 +89,16 @@ def _identity(old: dict[str, Any], new: dict[str, Any]) -> Iterator[Violation]:
                 f"annotation {key} is immutable (the webhook wrote it at admission)",
                 "leave the annotation as the webhook set it",
             )
+    if a_old.get(ANN_PROFILE) != a_new.get(ANN_PROFILE):
+        # What the profile asked for was applied at admission (--no-reset,
+        # Guaranteed QoS, nodes); a pod relabelled later would claim a profile
+        # it does not have (an eval sandbox relabelled rollout becomes claimable).
+        yield Violation(
+            "profile-immutable",
+            f"annotation {ANN_PROFILE} cannot change on a sandbox (the profile was applied "
+            "at admission)",
+            "create a new sandbox with the profile you need",
+        )
 
 
 def _lease(
