@@ -13,12 +13,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sandman.contract import ANN_INJECTED, annotations, is_sandbox
+from sandman.contract import is_sandbox
 from sandman.kube_async import KubeClient
 from sandman.registry import RegistryClient
+from sandman.webhook.checks import registry_allowed
 from sandman.webhook.config import WebhookConfig
 from sandman.webhook.imagecache import ImageConfigCache
 from sandman.webhook.imageconfig import ImageConfigResolver, PullSecrets, pull_secret_names
+from sandman.webhook.policy import RuleSet
+from sandman.webhook.reinject import strip_injection
 from sandman.webhook.review import PROTECTED_NAMESPACES, Review
 from sandman.webhook.rewrite import DEFAULT_SCHEDULER, ImageFacts, image_to_resolve
 from sandman.webhook.schedulers import SchedulerLeases
@@ -73,14 +76,23 @@ class AdmissionLookups:
             and is_sandbox(r.obj)
         )
 
-    async def images_for(self, r: Review) -> dict[str, ImageFacts] | None:
-        """Facts for the mutation: None when lookups are off, else the images it needs."""
+    async def images_for(self, r: Review, rule: RuleSet) -> dict[str, ImageFacts] | None:
+        """Facts for the mutation: None when lookups are off, else the images it needs.
+
+        The pod is read as mutate() will see it (a copied injection taken out).
+        An image whose registry ``rule`` refuses in enforce mode is not looked
+        up: the registry rule denies the pod anyway, and the image's host is
+        the pod author's choice, so a lookup there would make the webhook
+        connect wherever a pod author says (and its denial would hide the
+        registry rule's)."""
         if self.images is None:
             return None
-        if not self._admissible_sandbox(r) or ANN_INJECTED in annotations(r.obj):
+        if not self._admissible_sandbox(r):
             return {}
-        image = image_to_resolve(r.obj)
+        image = image_to_resolve(strip_injection(r.obj, []))
         if image is None:
+            return {}
+        if rule.mode == "enforce" and not registry_allowed(image, rule.allowed_registries):
             return {}
         facts = await self.images.lookup(image, r.namespace, pull_secret_names(r.obj))
         return {image: facts}

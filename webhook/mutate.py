@@ -425,8 +425,9 @@ def _command(
         m.warnings.append(f"{problem}; {instead}; fix: {fix}")
     elif not lookups or facts is None:
         m.warnings.append(
-            f"container {name}: no command given and image lookups are off, so the image's "
-            f"ENTRYPOINT/CMD do not run; {instead}"
+            f"container {name}: no command given and its image was not looked up (lookups "
+            f"are off, or the policy refuses its registry), so the image's ENTRYPOINT/CMD "
+            f"do not run; {instead}"
         )
     return list(args or [])
 

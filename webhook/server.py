@@ -161,7 +161,8 @@ async def _admit(request: web.Request, endpoint: str) -> web.Response:
     await _namespace_labels_for(st, review.namespace)
     images = None
     if endpoint == "mutate" and st.lookups is not None:
-        images = await st.lookups.images_for(review)
+        rule = st.policy.current().select(st.ns_labels(review.namespace))
+        images = await st.lookups.images_for(review, rule)
     ctx = st.context(images)
     outcome = (
         decide_mutation(ctx, review) if endpoint == "mutate" else decide_validation(ctx, review)

@@ -5,10 +5,14 @@ from __future__ import annotations
 import asyncio
 import base64
 
+from sandman.contract import ANN_INJECTED, LABEL_SANDBOX
 from sandman.oci import ImageConfig, Reference
 from sandman.registry import Keychain, RegistryClient
 from sandman.webhook.imagecache import ImageConfigCache
 from sandman.webhook.imageconfig import ImageConfigResolver, pull_secret_names
+from sandman.webhook.lookups import AdmissionLookups
+from sandman.webhook.policy import RuleSet, parse_policy
+from sandman.webhook.review import Review, parse_review
 from tests.unit.registry.fake import FakeRegistry
 
 CFG = ImageConfig(entrypoint=("/e",), cmd=("c",))
@@ -165,3 +169,66 @@ async def test_a_registry_down_after_the_ttl_falls_back_to_the_last_config_with_
     again = await res.lookup(f"{host}/app:1", "ns", [])
     assert again.config == down.config and again.note
     await res.close()
+
+
+def _sandbox_review(image: str, *, annotations: dict[str, str] | None = None) -> Review:
+    pod = {
+        "metadata": {"labels": {LABEL_SANDBOX: "true"}, "annotations": annotations or {}},
+        "spec": {"containers": [{"name": "main", "image": image}]},
+    }
+    return parse_review(
+        {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "u",
+                "kind": {"kind": "Pod"},
+                "operation": "CREATE",
+                "namespace": "team",
+                "object": pod,
+            },
+        }
+    )
+
+
+def _rule(mode: str, registries: list[str]) -> RuleSet:
+    doc = {
+        "apiVersion": "sandman.dev/v1alpha1",
+        "kind": "SandboxPolicy",
+        "rules": [{"name": "r", "mode": mode, "allowedRegistries": registries}],
+    }
+    return parse_policy(doc).select({})
+
+
+async def test_no_lookup_where_an_enforced_policy_refuses_the_registry() -> None:
+    """The image's host is the pod author's choice: the webhook asks only hosts the
+    policy lets pods pull from (the pod is denied by the registry rule anyway),
+    so admission is no way to make the webhook connect anywhere else."""
+    async with FakeRegistry() as reg:
+        reg.add_image("app", "1", {"Cmd": ["c"]})
+        res = ImageConfigResolver(RegistryClient(), ImageConfigCache(Clock()))
+        lookups = AdmissionLookups(res, None)
+        r = _sandbox_review(f"{reg.host}/app:1")
+        assert await lookups.images_for(r, _rule("enforce", ["registry.example/*"])) == {}
+        assert reg.hits.get("manifest-GET", 0) == 0
+        # warn and audit admit the pod: its ENTRYPOINT must then be known
+        warned = await lookups.images_for(r, _rule("warn", ["registry.example/*"]))
+        assert warned is not None and warned[f"{reg.host}/app:1"].config is not None
+        allowed = await lookups.images_for(r, _rule("enforce", [f"{reg.host}/*"]))
+        assert allowed is not None and allowed[f"{reg.host}/app:1"].config is not None
+        await lookups.close()
+
+
+async def test_a_copied_sandbox_without_a_command_is_looked_up_as_it_will_run() -> None:
+    """A pod that arrives injected (copied from a sandbox) is stripped and injected
+    anew; its original command was the image's, so the image is looked up."""
+    async with FakeRegistry() as reg:
+        reg.add_image("app", "1", {"Cmd": ["c"]})
+        image = f"{reg.host}/app:1"
+        lookups = AdmissionLookups(
+            ImageConfigResolver(RegistryClient(), ImageConfigCache(Clock())), None
+        )
+        r = _sandbox_review(image, annotations={ANN_INJECTED: "0.1"})
+        got = await lookups.images_for(r, _rule("enforce", [f"{reg.host}/*"]))
+        assert got is not None and got[image].config is not None
+        await lookups.close()
