@@ -17,6 +17,7 @@ from typing import Any
 
 from sandman import tokens
 from sandman.client.errors import ClientClosed
+from sandman.client.podwatch import PodWatch
 from sandman.client.transport import MAX_PER_SANDBOX, HttpTransport, Transport
 from sandman.kube_async import SECRETS, ApiError, KubeClient
 from sandman.telemetry import Telemetry
@@ -73,6 +74,8 @@ class SandmanClient:
         self._max_per_sandbox = max_per_sandbox
         self._transport_arg = transport
         self._transport: Transport | None = None
+        # Sandboxes waiting to start share one pod watch per namespace.
+        self.pod_watch = PodWatch(self.kube)
         self._keys: dict[str, bytes] = dict(access_keys or {})
         self._rings: dict[str, tokens.AccessKeys] = {}
         self._key_locks: dict[str, asyncio.Lock] = {}

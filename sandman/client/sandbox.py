@@ -9,10 +9,10 @@ import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
+from sandman.client import podwatch, reuse, startup
 from sandman.client import pty as pty_mod
-from sandman.client import reuse, startup
 from sandman.client.client import UNSET, SandmanClient
 from sandman.client.errors import (
     DaemonError,
@@ -38,13 +38,18 @@ from sandman.contract import (
     format_time,
     parse_duration,
 )
-from sandman.kube_async import JSON_PATCH, PODS, ApiError, WatchExpired
+from sandman.kube_async import JSON_PATCH, PODS, ApiError
 
 DEFAULT_TIMEOUT_S = 600.0
 # How long "no node fits" is tolerated before it fails the start: long enough
 # for a finishing rollout to free room in a busy batch, short enough that a
 # request nobody can ever satisfy fails in well under a minute.
 UNSCHEDULABLE_GRACE = dt.timedelta(seconds=30)
+# How often a starting sandbox's daemon is asked directly whether it is ready,
+# once its container may run. A refused connection costs a round trip on the
+# pod network; 50 ms keeps that under ~20 requests per start while adding at
+# most 50 ms to it (the kubelet's own probe runs every second at best).
+DAEMON_POLL_S = 0.05
 
 
 @dataclass
@@ -173,13 +178,14 @@ class Sandbox:
         unschedulable_grace: dt.timedelta = UNSCHEDULABLE_GRACE,
         wait: bool = True,
         create_fn: Callable[[dict[str, Any], str], Awaitable[dict[str, Any]]] | None = None,
+        ask_daemon: bool = True,
     ) -> Sandbox:
         """Create a labeled pod and (by default) wait until its daemon is Ready.
 
         Raises SandboxStartError(reason, retryable) as soon as the cause is
         known (the pod is deleted then, so nothing is left behind).
         ``create_fn(body, namespace)`` replaces the plain API create, e.g. with
-        a pool manager's rate-limited one.
+        a pool manager's rate-limited one. ``ask_daemon``: see ``wait_ready``.
         """
         client.check_open()
         ns = namespace or client.namespace
@@ -214,7 +220,9 @@ class Sandbox:
         sb.timings.requested, sb.timings.created = requested, time.monotonic()
         if wait:
             try:
-                await sb.wait_ready(timeout_s, unschedulable_grace=unschedulable_grace)
+                await sb.wait_ready(
+                    timeout_s, unschedulable_grace=unschedulable_grace, ask_daemon=ask_daemon
+                )
             except BaseException as e:
                 sb._trace_start(e)
                 await sb.release()
@@ -243,13 +251,41 @@ class Sandbox:
         return cls(client, pod)
 
     async def wait_ready(
-        self, timeout_s: float = 300.0, *, unschedulable_grace: dt.timedelta = UNSCHEDULABLE_GRACE
+        self,
+        timeout_s: float = 300.0,
+        *,
+        unschedulable_grace: dt.timedelta = UNSCHEDULABLE_GRACE,
+        ask_daemon: bool = True,
     ) -> None:
-        """Wait by watch (no polling) until Ready; fail fast with a classified error."""
+        """Wait until the daemon takes commands; fail fast with a classified error.
+
+        Two signals race. The pod's Ready condition, from the client's shared
+        pod watch (no polling), which also classifies start failures. And,
+        where the client reaches pod IPs, the daemon itself: once the pod has
+        an IP and its init containers have ended, ``GET /readyz`` is asked
+        directly every ``DAEMON_POLL_S``. The daemon answers 200 only after
+        its start-up (the pristine record) and the container's own readiness
+        probe, the same meaning as Ready, without the kubelet's probe period,
+        its next relist and the status round trip (docs/performance.md).
+        ``ask_daemon=False``: the Ready condition only.
+        """
         t0 = time.monotonic()
         try:
             async with asyncio.timeout(timeout_s):
-                await self._watch_until_ready(t0, unschedulable_grace)
+                watching = asyncio.ensure_future(self._watch_until_ready(t0, unschedulable_grace))
+                asking = asyncio.ensure_future(
+                    self._daemon_answers() if ask_daemon else asyncio.Event().wait()
+                )
+                try:
+                    done, _ = await asyncio.wait(
+                        {watching, asking}, return_when=asyncio.FIRST_COMPLETED
+                    )
+                finally:
+                    for task in (watching, asking):
+                        task.cancel()
+                    await asyncio.gather(watching, asking, return_exceptions=True)
+                if watching in done:
+                    watching.result()  # its start error, if that is how it ended
         except TimeoutError:
             raise SandboxStartError(
                 SandboxStartError.TIMEOUT,
@@ -259,35 +295,68 @@ class Sandbox:
             ) from None
 
     async def _watch_until_ready(self, t0: float, grace: dt.timedelta) -> None:
-        kube = self.client.kube
-        rv = self.pod["metadata"]["resourceVersion"]
-        while True:
+        async with self.client.pod_watch.follow(self.namespace, self.name) as events:
+            # MUST read after following: a change between the two would be lost.
+            await self._reread()
             if self._observe(self.pod, t0, grace):
                 return
-            try:
-                async for kind, obj in kube.watch(
-                    PODS,
-                    self.namespace,
-                    resource_version=rv,
-                    timeout_s=60,
-                    field_selector=f"metadata.name={self.name}",
-                ):
-                    rv = obj["metadata"].get("resourceVersion", rv)
-                    if kind == "BOOKMARK":
-                        continue
-                    if kind == "DELETED":
-                        raise SandboxStartError(
-                            SandboxStartError.DELETED,
-                            "the pod was deleted before it was Ready",
-                            retryable=True,
-                            pod=self.name,
-                        )
+            while True:
+                kind, obj = await events.get()
+                if kind == podwatch.ERROR:
+                    raise obj
+                if kind == podwatch.RESYNC:
+                    await self._reread()
+                elif not self._newer(obj):
+                    continue  # another pod of the name, or older than what we hold
+                elif kind == "DELETED":
+                    self._gone()
+                else:
                     self.pod = obj
-                    if self._observe(obj, t0, grace):
-                        return
-            except WatchExpired:
-                self.pod = await kube.get(PODS, self.name, self.namespace)
-                rv = self.pod["metadata"]["resourceVersion"]
+                if self._observe(self.pod, t0, grace):
+                    return
+
+    async def _reread(self) -> None:
+        try:
+            pod = await self.client.kube.get(PODS, self.name, self.namespace)
+        except ApiError as e:
+            if e.not_found:
+                self._gone()
+            raise
+        if pod["metadata"].get("uid") != self.pod["metadata"].get("uid"):
+            self._gone()  # the name now belongs to another pod
+        self.pod = pod
+
+    def _gone(self) -> NoReturn:
+        raise SandboxStartError(
+            SandboxStartError.DELETED,
+            "the pod was deleted before it was Ready",
+            retryable=True,
+            pod=self.name,
+        )
+
+    def _newer(self, obj: dict[str, Any]) -> bool:
+        """An event about this pod that is not older than the copy we hold."""
+        md, held = obj.get("metadata") or {}, self.pod["metadata"]
+        if md.get("uid") != held.get("uid"):
+            return False
+        a, b = md.get("resourceVersion", ""), held.get("resourceVersion", "")
+        return not (a.isdigit() and b.isdigit() and int(a) < int(b))
+
+    async def _daemon_answers(self) -> None:
+        """Return once the daemon answers ``GET /readyz`` at the pod's IP; wait
+        forever when the transport cannot reach pod IPs (the watch decides)."""
+        ask = getattr(self.client.transport, "daemon_ready", None)
+        if ask is None:
+            await asyncio.Event().wait()
+        while True:
+            if self.ip and startup.daemon_may_answer(self.pod):
+                answer = await ask(self.ip)
+                if answer is None:
+                    await asyncio.Event().wait()
+                if answer:
+                    self.timings.ready = time.monotonic()
+                    return
+            await asyncio.sleep(DAEMON_POLL_S)
 
     def _observe(self, pod: dict[str, Any], t0: float, grace: dt.timedelta) -> bool:
         now = time.monotonic()

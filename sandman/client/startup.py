@@ -28,6 +28,26 @@ def ready(pod: dict[str, Any]) -> bool:
     )
 
 
+def daemon_may_answer(pod: dict[str, Any]) -> bool:
+    """Whether the sandbox container may be running, so that asking its daemon
+    directly is worth a request: the pod has an IP and every init container
+    has ended (a native sidecar, ``restartPolicy: Always``: has started)."""
+    st = pod.get("status") or {}
+    if not st.get("podIP"):
+        return False
+    statuses = {s.get("name"): s for s in st.get("initContainerStatuses") or []}
+    for c in (pod.get("spec") or {}).get("initContainers") or []:
+        s = statuses.get(c.get("name"))
+        if s is None:
+            return False
+        if c.get("restartPolicy") == "Always":
+            if not s.get("started"):
+                return False
+        elif ((s.get("state") or {}).get("terminated") or {}).get("exitCode", 1) != 0:
+            return False
+    return True
+
+
 def verdict(
     pod: dict[str, Any], *, waited: dt.timedelta, unschedulable_grace: dt.timedelta
 ) -> E | None:

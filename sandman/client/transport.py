@@ -170,9 +170,7 @@ class HttpTransport:
         self.mode = mode
         self.port = port
         self._direct = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(
-                limit=max_connections, limit_per_host=max_per_sandbox
-            ),
+            connector=aiohttp.TCPConnector(limit=max_connections, limit_per_host=max_per_sandbox),
         )
         self._decided: str | None = None if mode == "auto" else mode
         self._decide_lock = asyncio.Lock()
@@ -200,6 +198,24 @@ class HttpTransport:
     @property
     def chosen(self) -> str | None:
         return self._decided
+
+    async def daemon_ready(self, ip: str, timeout: float = 1.0) -> bool | None:
+        """Whether the daemon at ``ip`` answers ``GET /readyz`` with 200 (no
+        token: the path reveals nothing); None when this transport goes
+        through the apiserver, which only the pod's Ready condition should
+        be asked for. A direct answer settles ``auto`` on ``direct``."""
+        if self._decided == "proxy":
+            return None
+        try:
+            async with self._direct.get(
+                f"http://{ip}:{self.port}/readyz", timeout=aiohttp.ClientTimeout(total=timeout)
+            ) as resp:
+                ok = resp.status == 200
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            return False
+        if ok and self._decided is None:
+            self._decided = "direct"
+        return ok
 
     async def send(self, target: Target, req: DaemonRequest, timeout: float) -> DaemonResponse:
         mode = await self._choose(target)
