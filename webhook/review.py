@@ -313,5 +313,28 @@ def _validate_delete(r: Review) -> Outcome:
     )
 
 
+def unknown_namespace_denial(r: Review) -> Outcome | None:
+    """The answer when the labels of ``r``'s namespace could not be read: a
+    denial (retryable) for a sandbox's CREATE or UPDATE, whose rules those
+    labels select; None (decide as usual) for everything else. Guessing the
+    default rule would admit a sandbox under a laxer rule than its own."""
+    if r.kind != "Pod" or r.operation not in ("CREATE", "UPDATE"):
+        return None
+    if r.namespace in PROTECTED_NAMESPACES:
+        return None
+    if not (is_sandbox(r.obj) or is_sandbox(r.old or {})):
+        return None
+    return Outcome(
+        False,
+        message=(
+            f"sandman: [contract] the labels of namespace {r.namespace} could not be read, "
+            "so the policy rules that apply there are unknown; retry"
+        ),
+        result="denied",
+        rule_ids=["contract"],
+        mode="enforce",
+    )
+
+
 def describe(r: Review) -> str:
     return _name(r)

@@ -15,13 +15,20 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 from sandman import tokens
 from sandman.contract import REASON_INJECTED, REASON_POLICY_DENIED, REASON_SCHEDULER_NOT_RUNNING
 from sandman.events import EventRecorder, ObjectRef
 from sandman.informer import Informer
-from sandman.kube_async import MUTATING_WEBHOOKS, NAMESPACES, VALIDATING_WEBHOOKS, KubeClient
+from sandman.kube_async import (
+    MUTATING_WEBHOOKS,
+    NAMESPACES,
+    VALIDATING_WEBHOOKS,
+    ApiError,
+    KubeClient,
+)
 from sandman.serving import metrics_response, run_main, serve_app
 from sandman.webhook import __version__, access
 from sandman.webhook.access import AccessPublisher, KeyKeeper, load_or_create_ring
@@ -39,6 +46,7 @@ from sandman.webhook.review import (
     decide_mutation,
     decide_validation,
     parse_review,
+    unknown_namespace_denial,
 )
 from sandman.webhook.rewrite import ImageFacts
 from sandman.webhook.schedulers import warning_text
@@ -122,23 +130,27 @@ class WebhookState:
 STATE = web.AppKey("state", WebhookState)
 
 
-async def _namespace_labels_for(st: WebhookState, namespace: str) -> None:
-    # A namespace created a moment ago may not be in the informer yet; its
-    # labels decide which rules apply, so fetch rather than guess.
+async def _namespace_labels_for(st: WebhookState, namespace: str) -> bool:
+    """Whether the labels of ``namespace`` (which select its rules) are known.
+
+    A namespace created a moment ago may not be in the informer yet: it is
+    fetched and remembered (the informer's copy wins once it has it). A read
+    that fails is not remembered: the review is refused (retryable) where the
+    rules matter, and the next one asks again.
+    """
     if not namespace or namespace in st.extra_ns_labels:
-        return
+        return True
     if st.namespaces is not None and f"/{namespace}" in st.namespaces.store:
-        return
+        return True
     try:
         ns = await st.client.get(NAMESPACES, namespace)
-        labels = (ns.get("metadata") or {}).get("labels") or {}
-        st.extra_ns_uids[namespace] = str((ns.get("metadata") or {}).get("uid") or "")
-    except Exception as e:
-        log.warning("labels of namespace %s unknown (%s); default rules apply", namespace, e)
-        labels = {}
-    # Remembered either way: the informer's copy wins once it has the
-    # namespace, and a miss must not cost an API call on every review.
-    st.extra_ns_labels[namespace] = labels
+    except (ApiError, aiohttp.ClientError, OSError, TimeoutError) as e:
+        log.warning("labels of namespace %s unknown (%s); its sandboxes wait", namespace, e)
+        return False
+    md = ns.get("metadata") or {}
+    st.extra_ns_uids[namespace] = str(md.get("uid") or "")
+    st.extra_ns_labels[namespace] = md.get("labels") or {}
+    return True
 
 
 async def _admit(request: web.Request, endpoint: str) -> web.Response:
@@ -158,15 +170,20 @@ async def _admit(request: web.Request, endpoint: str) -> web.Response:
     except WebhookError as e:
         st.metrics.malformed(endpoint)
         return web.json_response({"error": str(e)}, status=e.status)
-    await _namespace_labels_for(st, review.namespace)
+    refused = None
+    if not await _namespace_labels_for(st, review.namespace):
+        refused = unknown_namespace_denial(review)
     images = None
-    if endpoint == "mutate" and st.lookups is not None:
+    if endpoint == "mutate" and st.lookups is not None and refused is None:
         rule = st.policy.current().select(st.ns_labels(review.namespace))
         images = await st.lookups.images_for(review, rule)
     ctx = st.context(images)
-    outcome = (
-        decide_mutation(ctx, review) if endpoint == "mutate" else decide_validation(ctx, review)
-    )
+    if refused is not None:
+        outcome = refused
+    elif endpoint == "mutate":
+        outcome = decide_mutation(ctx, review)
+    else:
+        outcome = decide_validation(ctx, review)
     if endpoint == "validate" and outcome.allowed:
         await _check_scheduler(st, review, outcome)
     elapsed = time.monotonic() - t0
