@@ -19,6 +19,7 @@ BENCHMARKS = {
     "rollout": "sandman.bench.rollout",
     "gvisor": "sandman.bench.gvisor",
     "controller": "sandman.bench.controller",
+    "podstart": "sandman.bench.podstart",
     "scale": "sandman.bench.scale",
 }
 
