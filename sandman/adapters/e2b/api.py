@@ -25,6 +25,7 @@ from sandman.contract import (
     ANN_E2B_TEMPLATE,
     ANN_EXPIRES_AT,
     LABEL_E2B,
+    MAX_DURATION,
     annotations,
     format_time,
     parse_time,
@@ -36,6 +37,9 @@ log = logging.getLogger(__name__)
 
 # E2B's API uses 300 s when `timeout` is absent (its OpenAPI default).
 DEFAULT_TIMEOUT_S = 300
+# No lease is longer than the contract's longest duration (3650 d): a larger
+# timeout is refused here rather than overflowing the lease arithmetic (a 500).
+MAX_TIMEOUT_S = int(MAX_DURATION.total_seconds())
 # NewSandboxV2 fields with no Sandman equivalent: asking for them fails
 # loudly rather than being silently ignored (docs/adapters.md).
 UNSUPPORTED = {
@@ -100,8 +104,10 @@ def _timeout(body: dict[str, Any], default: int | None) -> int | None:
     value = body.get("timeout", default)
     if value is None:
         return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ApiFailure(400, f"timeout must be a positive number of seconds, got {value!r}")
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_TIMEOUT_S:
+        raise ApiFailure(
+            400, f"timeout must be a number of seconds from 1 to {MAX_TIMEOUT_S}, got {value!r}"
+        )
     return value
 
 

@@ -87,6 +87,9 @@ class Gateway:
     """
 
     def __init__(self, config: GatewayConfig, client: SandmanClient) -> None:
+        if not config.api_key:
+            # Every request without X-API-KEY would match an empty key.
+            raise ValueError("the gateway needs a non-empty API key")
         self.config = config
         self.client = client
         self._entries: dict[str, Entry] = {}
