@@ -20,6 +20,7 @@ BENCHMARKS = {
     "gvisor": "sandman.bench.gvisor",
     "controller": "sandman.bench.controller",
     "podstart": "sandman.bench.podstart",
+    "density": "sandman.bench.density",
     "scale": "sandman.bench.scale",
 }
 

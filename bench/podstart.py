@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         kubelet_log = node.layout.logs / "kubelet.log"
         offset = kubelet_log.stat().st_size if kubelet_log.exists() else 0
         for delivery in args.delivery.split(","):
-            with _delivery_policy(cluster, delivery) as ns_labels:
+            with delivery_policy(cluster, delivery) as ns_labels:
                 results["levels"].update(
                     asyncio.run(_bench(args, cluster, node, ref, delivery, ns_labels))
                 )
@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _delivery_policy(cluster: LocalCluster, delivery: str) -> Iterator[dict[str, str]]:
+def delivery_policy(cluster: LocalCluster, delivery: str) -> Iterator[dict[str, str]]:
     """Namespace labels that get ``delivery`` (a prepended policy rule for shared)."""
     if delivery == "copy":
         yield {}
@@ -148,7 +148,7 @@ async def _bench(
         try:
             # Warm-up (not counted): the daemon image on the node, the
             # webhook's image cache, the namespace key in the client.
-            await _wait_delivery(client, image, delivery)
+            await wait_delivery(client, image, delivery)
             await _round(client, node, image, [f"warm-{secrets.token_hex(2)}"], True)
             for level in (int(x) for x in args.levels.split(",")):
                 await _quiet(args.max_load)
@@ -187,7 +187,7 @@ async def _quiet(max_load: float) -> None:
         await asyncio.sleep(10)
 
 
-async def _wait_delivery(client: SandmanClient, image: str, delivery: str) -> None:
+async def wait_delivery(client: SandmanClient, image: str, delivery: str) -> None:
     """Until a dry-run sandbox gets the delivery asked for (the webhooks reload
     the policy on their own schedule)."""
     from sandman.client.sandbox import build_pod

@@ -106,10 +106,8 @@ async def connect(call: Call, msg: dict[str, Any]) -> AsyncIterator[dict[str, An
 
 
 def _stream_opts(call: Call, *, from_now: bool) -> dict[str, Any]:
-    raw = call.headers.get(KEEPALIVE_HEADER, "")
-    keepalive = float(raw) if raw.replace(".", "", 1).isdigit() and float(raw) > 0 else None
     return {
-        "keepalive_s": keepalive,
+        "keepalive_s": wire.keepalive_seconds(call.headers.get(KEEPALIVE_HEADER, "")),
         "from_now": from_now,
         "clock": time.monotonic,
         "client_gone": call.client_gone,
@@ -165,7 +163,7 @@ async def stat(call: Call, msg: dict[str, Any]) -> dict[str, Any]:
 async def list_dir(call: Call, msg: dict[str, Any]) -> dict[str, Any]:
     gw, entry = await _entry(call)
     path = await _path(gw, entry, msg)
-    depth = int(msg.get("depth") or 1)
+    depth = wire.list_depth(msg)
     out: list[dict[str, Any]] = []
 
     async def walk(directory: str, level: int) -> None:

@@ -46,6 +46,13 @@ GO_SIGNAL_NAMES = {
     signal.SIGTERM: "terminated",
 }
 SIGNALS = {"SIGNAL_SIGKILL": "KILL", "SIGNAL_SIGTERM": "TERM", 9: "KILL", 15: "TERM"}
+# ListDir's depth: envd walks at most this deep on request; the walk here is
+# one daemon call per directory, so an unbounded depth would let one request
+# walk a whole filesystem (and recurse past Python's stack on a deep tree).
+MAX_LIST_DEPTH = 64
+# A keepalive faster than once a second is no keepalive, just a busy stream
+# (the SDK asks for one every 50 s).
+MIN_KEEPALIVE_S = 1.0
 
 
 def b64(data: bytes) -> str:
@@ -106,6 +113,32 @@ def selector(msg: Mapping[str, Any]) -> tuple[str, int | str]:
     if sel.get("tag"):
         return "tag", str(sel["tag"])
     raise ConnectError("invalid_argument", "a process selector needs a pid or a tag")
+
+
+def list_depth(msg: Mapping[str, Any]) -> int:
+    """ListDir's ``depth`` (default 1), from 1 to ``MAX_LIST_DEPTH``."""
+    raw = msg.get("depth") or 1
+    if isinstance(raw, bool) or not isinstance(raw, int | str):
+        raise ConnectError("invalid_argument", f"bad depth {raw!r}")
+    try:
+        depth = int(raw)
+    except ValueError:
+        raise ConnectError("invalid_argument", f"bad depth {raw!r}") from None
+    if not 1 <= depth <= MAX_LIST_DEPTH:
+        raise ConnectError("invalid_argument", f"depth must be 1 to {MAX_LIST_DEPTH}, got {depth}")
+    return depth
+
+
+def keepalive_seconds(header: str) -> float | None:
+    """The ``Keepalive-Ping-Interval`` a client asked for (None: no keepalives),
+    at least ``MIN_KEEPALIVE_S``."""
+    try:
+        value = float(header)
+    except ValueError:
+        return None
+    if not value > 0 or value != value or value == float("inf"):
+        return None
+    return max(value, MIN_KEEPALIVE_S)
 
 
 def signal_name(value: Any) -> str:

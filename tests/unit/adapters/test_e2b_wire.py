@@ -161,3 +161,22 @@ def test_sandbox_docs_have_the_fields_e2bs_models_require() -> None:
     assert SandboxDetail.from_dict(detail).state == "running"
     listed = wire.detail_doc("sb-1", "base", metadata={}, cpu_count=0, memory_mb=0, **times)
     assert ListedSandbox.from_dict(listed).sandbox_id == "sb-1"
+
+
+@pytest.mark.parametrize("depth", ["x", -1, 65, 1.5, True, [2]])
+def test_list_depths_out_of_range_are_invalid_arguments(depth: object) -> None:
+    with pytest.raises(ConnectError) as e:
+        wire.list_depth({"depth": depth})
+    assert e.value.code == "invalid_argument"
+
+
+def test_list_depths_in_range() -> None:
+    assert wire.list_depth({}) == 1 and wire.list_depth({"depth": "3"}) == 3
+    assert wire.list_depth({"depth": wire.MAX_LIST_DEPTH}) == wire.MAX_LIST_DEPTH
+
+
+def test_keepalives_are_at_most_once_a_second() -> None:
+    assert wire.keepalive_seconds("50") == 50.0
+    assert wire.keepalive_seconds("0.0001") == wire.MIN_KEEPALIVE_S
+    for bad in ("", "0", "-5", "nan", "inf", "x"):
+        assert wire.keepalive_seconds(bad) is None
