@@ -22,6 +22,7 @@ from typing import Any
 
 import aiohttp
 
+from sandman.clock import utc_now
 from sandman.contract import NAMESPACE
 from sandman.kube_async import VALIDATING_WEBHOOKS, ApiError, KubeClient, sleep_or
 from sandman.reaper.outage import AdmissionHealth
@@ -84,7 +85,7 @@ class WebhookProbe:
         *,
         config_name: str,
         webhook_name: str,
-        clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+        clock: Callable[[], dt.datetime] = utc_now,
     ) -> None:
         self.client = client
         self.health = health

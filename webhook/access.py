@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sandman import tokens
+from sandman.clock import utc_now
 from sandman.contract import ANN_ADMITTED, ANN_KEY_ID
 from sandman.kube_async import SECRETS, ApiError, KubeClient, sleep_or
 from sandman.tokens import AdmissionKeys, KeyRing
@@ -53,7 +54,7 @@ async def load_or_create_ring(client: KubeClient, namespace: str) -> KeyRing:
             # A cluster key from before key ids: its namespace keys derive from
             # names alone. Rotate it away at once; sandboxes admitted under it
             # stay reachable through the overlap.
-            ring = ring.rotated(dt.datetime.now(dt.UTC), tokens.LEGACY_OVERLAP)
+            ring = ring.rotated(utc_now(), tokens.LEGACY_OVERLAP)
             s["data"] = ring.to_secret_data()
             try:
                 await client.replace(SECRETS, tokens.CLUSTER_KEY_SECRET, s, namespace)
@@ -128,7 +129,7 @@ class KeyKeeper:
         client: KubeClient,
         namespace: str,
         ring: KeyRing,
-        clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+        clock: Callable[[], dt.datetime] = utc_now,
     ) -> None:
         self.client = client
         self.namespace = namespace

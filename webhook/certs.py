@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sandman.clock import utc_now
 from sandman.kube_async import SECRETS, ApiError, KubeClient, Resource, sleep_or
 from sandman.webhook import cert_plan
 from sandman.webhook.cert_plan import Cert, Material
@@ -38,11 +39,6 @@ ERROR_RETRY_S = 5.0
 # a switch that is due long before anything expires. Without it, back-to-back
 # passes (start-up runs two) could switch right after patching the caBundles.
 CABUNDLE_SETTLE = dt.timedelta(seconds=10)
-
-
-def utc_now() -> dt.datetime:
-    """The clock adapter (the only place this module reads the wall clock)."""
-    return dt.datetime.now(dt.UTC)
 
 
 class CertManager:

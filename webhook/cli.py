@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from sandman.clock import utc_now
 from sandman.contract import NAMESPACE
 from sandman.serving import component_main
 from sandman.webhook import config as cfg
@@ -44,7 +45,6 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _rotate(args: argparse.Namespace) -> int:
     import asyncio
-    import datetime as dt
     from pathlib import Path
 
     from sandman.contract import parse_duration
@@ -61,7 +61,7 @@ def _rotate(args: argparse.Namespace) -> int:
                 ring = await rotate(
                     c,
                     args.namespace,
-                    now=dt.datetime.now(dt.UTC),
+                    now=utc_now(),
                     overlap=overlap,
                     finish=args.finish,
                 )

@@ -8,11 +8,11 @@ the server's event loop, within the admission's time budget.
 
 from __future__ import annotations
 
-import datetime as dt
 import time
 from collections.abc import Callable
 from typing import Any
 
+from sandman.clock import utc_now
 from sandman.contract import is_sandbox
 from sandman.kube_async import KubeClient
 from sandman.registry import RegistryClient
@@ -59,7 +59,7 @@ class AdmissionLookups:
         schedulers = SchedulerLeases(
             client,
             dict(config.scheduler_leases),
-            clock=lambda: dt.datetime.now(dt.UTC),
+            clock=utc_now,
             monotonic=time.monotonic,
         )
         return cls(images, schedulers)

@@ -7,7 +7,6 @@ holds the caches those decisions read, counts and logs.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import json
 import logging
 import time
@@ -19,6 +18,7 @@ import aiohttp
 from aiohttp import web
 
 from sandman import tokens
+from sandman.clock import utc_now
 from sandman.contract import REASON_INJECTED, REASON_POLICY_DENIED, REASON_SCHEDULER_NOT_RUNNING
 from sandman.events import EventRecorder, ObjectRef
 from sandman.informer import Informer
@@ -107,7 +107,7 @@ class WebhookState:
                 daemon_delivery=self.config.daemon_delivery,
                 daemon_shared_dir=self.config.daemon_shared_dir,
             ),
-            now=lambda: dt.datetime.now(dt.UTC),
+            now=utc_now,
             new_id=tokens.new_sandbox_id,
             token_hash_for=token_hash_for,
             marks=lambda namespace, sid: access.marks_for(ring, namespace, sid),

@@ -21,6 +21,7 @@ from typing import Any
 
 from sandman import __version__
 from sandman.client import SandmanClient
+from sandman.clock import utc_now
 from sandman.contract import format_time
 from sandman.eval import attempt as attempt_mod
 from sandman.eval import decide, network, pins
@@ -86,7 +87,7 @@ class EvalRun:
         keychain: Keychain | None = None,
         hooks: Hooks | None = None,
         clock: Callable[[], float] = time.monotonic,
-        wall: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+        wall: Callable[[], dt.datetime] = utc_now,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         if options.attempts < 1 or options.repeat < 1 or options.concurrency < 1:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sandman.client import reuse, startup
+from sandman.clock import utc_now
 from sandman.contract import ANN_EXPIRES_AT, LABEL_CLAIM, LABEL_STATE, format_time
 from sandman.kube_async import JSON_PATCH, PODS, ApiError, KubeClient, escape_pointer, list_all
 from sandman.pools.spec import (
@@ -175,7 +176,7 @@ async def claim(
         ranked = [p for p in ranked if startup.ready(p)]
     conflicts = 0
     for pod in ranked[:MAX_TRIES_PER_LIST]:
-        now = dt.datetime.now(dt.UTC)
+        now = utc_now()
         try:
             won = await kube.patch(
                 PODS,

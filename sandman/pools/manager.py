@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sandman.clock import utc_now
 from sandman.contract import (
     LABEL_POOL,
     LABEL_STATE,
@@ -123,7 +124,7 @@ class PoolManager:
         # Pods by pool, kept by the informer's handler: health and claims look
         # at one pool on every pod event, not at every pool pod of the namespace.
         self._by_pool: dict[str, dict[str, dict[str, Any]]] = {}
-        self._started = format_time(dt.datetime.now(dt.UTC))
+        self._started = format_time(utc_now())
         self._informer = Informer(
             kube, PODS, self._pod_event, namespace=namespace, label_selector=LABEL_POOL
         )

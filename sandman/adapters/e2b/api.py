@@ -20,6 +20,7 @@ from aiohttp import web
 from sandman.adapters.e2b import wire
 from sandman.adapters.e2b.gateway import GATEWAY, Gateway
 from sandman.client import DaemonError, Sandbox, SandboxGone, SandboxStartError
+from sandman.clock import utc_now
 from sandman.contract import (
     ANN_E2B_METADATA,
     ANN_E2B_TEMPLATE,
@@ -164,7 +165,7 @@ async def connect(request: web.Request) -> web.Response:
     timeout = _timeout(await _json(request), None)
     sb = await gw.attach(sid)
     if timeout is not None:
-        until = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=timeout)
+        until = utc_now() + dt.timedelta(seconds=timeout)
         # Connecting never shortens a lease, as E2B's API says of a running sandbox.
         if until > _expires_at(sb):
             await _extend(sb, timeout)
@@ -233,7 +234,7 @@ def _sandbox(gw: Gateway, sb: Sandbox) -> dict[str, Any]:
 
 def _expires_at(sb: Sandbox) -> dt.datetime:
     raw = annotations(sb.pod).get(ANN_EXPIRES_AT)
-    return parse_time(raw) if raw else dt.datetime.now(dt.UTC)
+    return parse_time(raw) if raw else utc_now()
 
 
 async def _extend(sb: Sandbox, timeout_s: int) -> None:
@@ -254,7 +255,7 @@ def _detail(gw: Gateway, pod: dict[str, Any], *, with_token: bool) -> dict[str, 
         metadata = {}
     limits = ((pod.get("spec") or {}).get("containers") or [{}])[0].get("resources", {})
     limits = limits.get("limits") or limits.get("requests") or {}
-    created = pod["metadata"].get("creationTimestamp") or format_time(dt.datetime.now(dt.UTC))
+    created = pod["metadata"].get("creationTimestamp") or format_time(utc_now())
     return wire.detail_doc(
         name,
         ann.get(ANN_E2B_TEMPLATE, ""),
