@@ -22,6 +22,7 @@ BENCHMARKS = {
     "podstart": "sandman.bench.podstart",
     "density": "sandman.bench.density",
     "scale": "sandman.bench.scale",
+    "memory": "sandman.bench.scale_memory",
 }
 
 

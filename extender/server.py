@@ -86,6 +86,19 @@ class ExtenderState:
 STATE = web.AppKey("state", ExtenderState)
 
 
+def identity(obj: dict[str, Any]) -> dict[str, Any]:
+    """All the informer caches keep of a node or pod: the index holds what
+    scoring needs (reports), so a whole object (~35 KB of Python objects per
+    sandbox pod) would only be a second, bigger copy of it."""
+    md = obj.get("metadata") or {}
+    return {"metadata": {k: md[k] for k in ("name", "namespace", "uid") if k in md}}
+
+
+def pod_informer(client: KubeClient, handler: Any) -> Informer:
+    # Only bound pods say anything about images on nodes.
+    return Informer(client, PODS, handler, field_selector="spec.nodeName!=", keep=identity)
+
+
 async def prioritize_handler(request: web.Request) -> web.Response:
     st = request.app[STATE]
     t0 = time.perf_counter()
@@ -179,9 +192,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     tasks: list[asyncio.Task[None]] = []
     if st.config.watch and st.client is not None:
         st.client.open()
-        st.nodes = Informer(st.client, NODES, st.on_node)
-        # Only bound pods say anything about images on nodes.
-        st.pods = Informer(st.client, PODS, st.on_pod, field_selector="spec.nodeName!=")
+        st.nodes = Informer(st.client, NODES, st.on_node, keep=identity)
+        st.pods = pod_informer(st.client, st.on_pod)
         tasks += [
             asyncio.ensure_future(st.nodes.run(st.stop)),
             asyncio.ensure_future(st.pods.run(st.stop)),

@@ -29,6 +29,7 @@ from typing import Any
 
 import aiohttp
 
+from sandman.clock import utc_now
 from sandman.contract import (
     LABEL_SANDBOX,
     REASON_KEY_RETIRED,
@@ -44,6 +45,7 @@ from sandman.informer import Informer, key_of
 from sandman.kube_async import PODS, ApiError, KubeClient
 from sandman.leader import LeaderElector
 from sandman.ratelimit import TokenBucket
+from sandman.reaper.cache import cached_view
 from sandman.reaper.decide import REASON_IDLE, Decision, StuckLimits, decide, idle_timeout
 from sandman.reaper.idle import IDLE_UNSUPPORTED, IdleTracker, poll_idle_seconds
 from sandman.reaper.metrics import ReaperMetrics
@@ -90,7 +92,7 @@ class Reaper:
         recorder: EventRecorder | None,
         keys: AdmissionKeys | None = None,
         health: AdmissionHealth | None = None,
-        clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+        clock: Callable[[], dt.datetime] = utc_now,
         monotonic: Callable[[], float] = time.monotonic,
         namespace: str | None = None,
     ) -> None:
@@ -114,6 +116,7 @@ class Reaper:
             self._on_event,
             namespace=namespace,
             label_selector=f"{LABEL_SANDBOX}=true",
+            keep=cached_view,  # what decide/trust/the inventory read (reaper/cache.py)
         )
         self.reported: dict[str, str] = {}  # key -> reason already reported (no delete)
         self.http: aiohttp.ClientSession | None = None

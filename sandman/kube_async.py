@@ -718,6 +718,26 @@ def _params(params: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
+async def list_pages(
+    client: KubeClient,
+    res: Resource,
+    namespace: str | None = None,
+    page: int = 500,
+    **params: Any,
+) -> AsyncIterator[tuple[list[dict[str, Any]], str | None]]:
+    """One list, page by page: (items, None) for each page but the last, whose
+    second element is the list's resourceVersion (to start a watch from). A
+    caller that keeps less than whole objects never holds more than a page."""
+    cont = None
+    while True:
+        doc = await client.list(res, namespace, limit=page, continue_=cont, **params)
+        cont = doc["metadata"].get("continue")
+        if not cont:
+            yield doc.get("items", []), doc["metadata"]["resourceVersion"]
+            return
+        yield doc.get("items", []), None
+
+
 async def list_all(
     client: KubeClient,
     res: Resource,
@@ -727,13 +747,11 @@ async def list_all(
 ) -> tuple[list[dict[str, Any]], str]:
     """Every object (paged) and the list's resourceVersion, to start a watch from."""
     items: list[dict[str, Any]] = []
-    cont = None
-    while True:
-        doc = await client.list(res, namespace, limit=page, continue_=cont, **params)
-        items += doc.get("items", [])
-        cont = doc["metadata"].get("continue")
-        if not cont:
-            return items, doc["metadata"]["resourceVersion"]
+    rv = ""
+    async for chunk, last_rv in list_pages(client, res, namespace, page, **params):
+        items += chunk
+        rv = last_rv or rv
+    return items, rv
 
 
 def escape_pointer(key: str) -> str:
