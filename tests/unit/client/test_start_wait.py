@@ -238,4 +238,3 @@ def test_daemon_may_answer_needs_an_ip_and_ended_init_containers() -> None:
     assert not startup.daemon_may_answer(sidecar)
     sidecar["status"]["initContainerStatuses"][0]["started"] = True
     assert startup.daemon_may_answer(sidecar)
-
