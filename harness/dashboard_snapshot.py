@@ -55,7 +55,7 @@ from sandman.telemetry.sdkmetrics import SdkMetrics
 
 REPO = Path(__file__).resolve().parents[1]
 DASHBOARD = REPO / "manifests" / "monitoring" / "sandman-dashboard.json"
-REAL = {"sandman.dev/node-kind": "real"}
+REAL = {NODE_KIND_LABEL: "real"}
 # $__rate_interval in Grafana is at least four scrape intervals.
 RATE_WINDOWS = 4
 
