@@ -198,7 +198,7 @@ async def test_concurrent_extension_wins_over_delete(
             namespace=namespace,
         )
         await reaper.process(f"{namespace}/raced")
-    assert metrics.conflicts._value.get() == 1  # type: ignore[attr-defined]
+    assert metrics.registry.get_sample_value("sandman_reaper_conflicts_total") == 1
     assert exists(core, namespace, "raced")
 
 
