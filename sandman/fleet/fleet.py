@@ -23,6 +23,7 @@ from sandman.client import Sandbox, SandmanClient, Timings
 from sandman.client.errors import SandmanError
 from sandman.contract import LABEL_RUN, LABEL_STATE, STATE_QUARANTINED, parse_duration
 from sandman.fleet import strategies
+from sandman.fleet.prepull import Prepuller, choose_problems
 from sandman.fleet.progress import Progress, snapshot
 from sandman.fleet.records import Attempt, Outcome, RolloutRecord, RunData, Source
 from sandman.fleet.retry import after_failure, infra_failure
@@ -59,6 +60,12 @@ class FleetConfig:
     ready_timeout_s: float = 300.0
     claim_wait_s: float = 2.0  # wait this long for a growing pool's next pod
     keep_quarantined: bool = False  # leave drifted sandboxes (labeled) for a post-mortem
+    # Pre-pull the images of this many problems after the warm ones (0: off),
+    # onto the nodes sandman-scheduler's extender picks (sandman/fleet/prepull.py);
+    # with ``extender_url`` images some node holds or pulls are skipped.
+    prepull_ahead: int = 0
+    extender_url: str | None = None
+    prepull_command: Sequence[str] = ("true",)
     command: Sequence[str] | None = None
     resources: Mapping[str, Any] | None = None
     node_selector: Mapping[str, str] | None = None
@@ -118,6 +125,20 @@ class Fleet:
             on_pod=lambda kind, pod: self.spans.pool_pod(kind, pod, self.pool_problem.get),
             telemetry=self.client.telemetry,
         )
+        self.prepuller = None
+        if cfg.prepull_ahead > 0:
+            self.prepuller = Prepuller(
+                self.client.kube,
+                self.client.namespace,
+                self.run_id,
+                take_token=self.pm.limiter.try_refill,  # never ahead of a rollout's create
+                extender_url=cfg.extender_url,
+                pod_options={
+                    "command": cfg.prepull_command,
+                    "node_selector": cfg.node_selector,
+                    "tolerations": cfg.tolerations,
+                },
+            )
         async with self.pm:
             planner = asyncio.create_task(self._planner())
             try:
@@ -127,6 +148,8 @@ class Fleet:
                 planner.cancel()
                 await asyncio.shield(self._cleanup())
         c = self.data.counters
+        if self.prepuller is not None:
+            c.prepulls, c.prepulls_skipped = self.prepuller.created, self.prepuller.skipped
         c.pods_created = self.pm.stats.pool_pods_created + self.pm.stats.on_demand_created
         c.claims, c.claim_conflicts = self.pm.stats.claims, self.pm.stats.claim_conflicts
         self.data.spans = list(self.spans.spans.values())
@@ -204,6 +227,10 @@ class Fleet:
             self.pm.set_target(self.pools[i], n)
         for i in [i for i in self.pools if i not in targets]:
             await self.pm.delete(self.pools.pop(i))
+        if self.prepuller is not None:
+            begun = [s.undispatched < s.rollouts for s in self.state]
+            ahead = choose_problems(cfg.strategy, cfg.window, remaining, begun, cfg.prepull_ahead)
+            self.prepuller.want([self.problems[i].image for i in ahead])
 
     def _pod_options(self) -> dict[str, Any]:
         """What every pod of the run gets, warm or on demand."""
@@ -315,7 +342,7 @@ class Fleet:
                     sb.timings = Timings(requested=time.monotonic())
                     s.reused()
                 else:
-                    sb, a.source = await self._acquire(s, problem)
+                    sb, a.source, a.warm = await self._acquire(s, problem)
                 holds = False  # s.live now counts the sandbox itself
                 a.sandbox, a.t_acquired = sb.name, self._now()
                 a.phases = {
@@ -373,8 +400,9 @@ class Fleet:
         elif holds:
             s.unreserve()
 
-    async def _acquire(self, s: ProblemState, problem: Problem) -> tuple[Sandbox, Source]:
-        """A warm pod from the problem's pool if it has one, else a new pod."""
+    async def _acquire(self, s: ProblemState, problem: Problem) -> tuple[Sandbox, Source, bool]:
+        """A warm pod from the problem's pool if it has one, else a new pod;
+        and whether it was Ready when claimed (a warm claim)."""
         cfg = self.config
         pool = self.pools.get(s.index)
         requested = time.monotonic()
@@ -398,7 +426,7 @@ class Fleet:
                         await self._release(sb)
                         raise
                 self.spans.ready(sb.name)
-                return sb, Source.CLAIMED
+                return sb, Source.CLAIMED, res.ready
 
         made: list[str] = []
 
@@ -424,7 +452,7 @@ class Fleet:
             raise
         sb.timings.requested = requested
         self.spans.ready(sb.name)
-        return sb, Source.CREATED
+        return sb, Source.CREATED, False
 
     def _acquired(self, s: ProblemState) -> None:
         """A rollout's demand met: pool targets follow at once."""
@@ -493,6 +521,8 @@ class Fleet:
             log.warning("release of %s failed (%s); its lease will end it", sb.name, e)
 
     async def _cleanup(self) -> None:
+        if self.prepuller is not None:
+            await self.prepuller.close()
         for i in list(self.pools):
             try:
                 await self.pm.delete(self.pools.pop(i))

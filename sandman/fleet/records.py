@@ -37,6 +37,7 @@ class Attempt:
     phases: dict[str, float | None] = field(default_factory=dict)  # create/schedule/start/ready
     error_reason: str | None = None  # e.g. ImageNotFound, Unreachable, ResetFailed
     retryable: bool | None = None
+    warm: bool = False  # claimed from a pool while Ready: no start to wait for
 
 
 @dataclass
@@ -88,6 +89,8 @@ class RunCounters:
     resets_dirty: int = 0  # drift, failed reset or restarted container: replaced
     rotations: int = 0  # retired after max_reuses
     infra_retries: int = 0
+    prepulls: int = 0  # pre-pull pods created (not in pods_created: they are not sandboxes)
+    prepulls_skipped: int = 0  # the extender said a node holds or pulls the image already
 
 
 @dataclass

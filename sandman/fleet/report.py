@@ -123,6 +123,12 @@ def summarize(data: RunData) -> dict[str, Any]:
         "t_end": None if data.t_end is None else round(data.t_end, 3),
         **dataclasses.asdict(data.counters),
         "ttfc_ms": _ms_stats([t for r in data.records if (t := r.ttfc_s) is not None], mean=True),
+        # Rollouts whose sandbox was a Ready pool pod: request -> first command's
+        # result (the claim, its exec included); on kwok, where tasks run no
+        # command, request -> sandbox in hand.
+        "warm_claim_ms": _ms_stats(
+            [t for r in data.records if r.final and r.final.warm and (t := r.ttfc_s) is not None]
+        ),
         "wait_ms": _wait_ms(data.records),
         "failures_by_reason": _failures(data.records),
         "peak_sandboxes_held": peak_held(data.spans, data.t_end),
@@ -200,7 +206,8 @@ def render_text(summary: dict[str, Any]) -> str:
 
 def compare_text(summaries: Sequence[dict[str, Any]]) -> str:
     headers = ["run", "wall s", "pods", "claims", "resets", "ttfc p50", "ttfc p99", "ttfc max",
-               "peak held", "infra fail", "valid/exp"]  # fmt: skip
+               "warm n", "warm p50", "warm p99", "prepulls", "peak held", "infra fail",
+               "valid/exp"]  # fmt: skip
     rows = [
         [
             run_label(s),
@@ -211,6 +218,10 @@ def compare_text(summaries: Sequence[dict[str, Any]]) -> str:
             s["ttfc_ms"]["p50"],
             s["ttfc_ms"]["p99"],
             s["ttfc_ms"]["max"],
+            (s.get("warm_claim_ms") or {}).get("n"),
+            (s.get("warm_claim_ms") or {}).get("p50"),
+            (s.get("warm_claim_ms") or {}).get("p99"),
+            s.get("prepulls"),
             s["peak_sandboxes_held"],
             s["infra_failures"],
             f"{s['results_valid']}/{s['results_expected']}",
