@@ -157,7 +157,7 @@ async def idle(request: Request) -> Response:
 
 async def metrics(request: Request) -> Response:
     st = _state(request)
-    st.metrics.orphans_reaped.set(st.reaper.orphans_reaped)
+    st.metrics.orphans_reaped.mirror(st.reaper.orphans_reaped)
     st.metrics.background.set(len(st.background.list()))
     st.metrics.sessions.set(len(st.sessions.list()))
     return Response(st.metrics.render(), content_type=METRICS_CONTENT_TYPE)

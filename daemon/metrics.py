@@ -3,6 +3,11 @@
 prometheus_client cost the daemon ~2 MiB and ~20 ms of start-up for six
 series; the format (version 0.0.4) is a few lines of text. One instance per
 app (no globals); event-loop only, not thread-safe.
+
+Served without a token (a PodMonitor cannot hold one per sandbox), so what is
+here MUST stay counts and durations: label values come from fixed sets (route
+patterns, status codes, results, the build), never from a request's content
+(a path, an id, a command). tests/unit/daemon/test_metrics.py checks it.
 """
 
 from __future__ import annotations
@@ -62,6 +67,10 @@ class Counter:
     def inc(self, *labels: str, by: float = 1.0) -> None:
         self.values[labels] = self.values.get(labels, 0.0) + by
 
+    def mirror(self, total: float, *labels: str) -> None:
+        """Take a running total kept elsewhere (it only grows in one process)."""
+        self.values[labels] = float(total)
+
     def render(self) -> list[str]:
         out = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} counter"]
         for labels, v in sorted(self.values.items()):
@@ -83,6 +92,24 @@ class Gauge:
             f"# HELP {self.name} {self.help}",
             f"# TYPE {self.name} gauge",
             f"{self.name} {_num(self.value)}",
+        ]
+
+
+@dataclass
+class Info:
+    """``NAME{labels} 1``: a constant series naming what answers."""
+
+    name: str
+    help: str
+    labels: tuple[tuple[str, str], ...]
+
+    def render(self) -> list[str]:
+        names = tuple(k for k, _ in self.labels)
+        values = tuple(v for _, v in self.labels)
+        return [
+            f"# HELP {self.name} {self.help}",
+            f"# TYPE {self.name} gauge",
+            f"{self.name}{_labels(names, values)} 1.0",
         ]
 
 
@@ -117,17 +144,24 @@ class Histogram:
 
 @dataclass(frozen=True)
 class DaemonMetrics:
+    build: Info
     requests: Counter
     request_seconds: Histogram
     commands: Counter
-    orphans_reaped: Gauge
+    orphans_reaped: Counter
     background: Gauge
     sessions: Gauge
     in_flight: Gauge
 
     @classmethod
-    def create(cls) -> DaemonMetrics:
+    def create(cls, version: str) -> DaemonMetrics:
         return cls(
+            # The components' sandman_build_info (sandman/telemetry/prom.py).
+            build=Info(
+                "sandman_build_info",
+                "1 per running component, labelled with its build",
+                (("component", "daemon"), ("version", version)),
+            ),
             requests=Counter("sandman_daemon_requests_total", "API requests", ("route", "code")),
             request_seconds=Histogram(
                 "sandman_daemon_request_duration_seconds", "API request latency", ("route",)
@@ -135,7 +169,7 @@ class DaemonMetrics:
             commands=Counter(
                 "sandman_daemon_commands_total", "commands run to completion", ("result",)
             ),
-            orphans_reaped=Gauge("sandman_daemon_orphans_reaped", "adopted orphans reaped"),
+            orphans_reaped=Counter("sandman_daemon_orphans_reaped_total", "adopted orphans reaped"),
             background=Gauge("sandman_daemon_background_processes", "background processes tracked"),
             sessions=Gauge("sandman_daemon_sessions", "open shell sessions"),
             in_flight=Gauge("sandman_daemon_requests_in_flight", "API requests being served"),
@@ -144,6 +178,7 @@ class DaemonMetrics:
     def render(self) -> bytes:
         lines: list[str] = []
         for m in (
+            self.build,
             self.requests,
             self.request_seconds,
             self.commands,

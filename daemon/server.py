@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from sandman.daemon import api
+from sandman.daemon import __version__, api
 from sandman.daemon.background import BackgroundProcesses
 from sandman.daemon.children import ChildReaper, become_subreaper, kill_all_children
 from sandman.daemon.commands import base_environment
@@ -41,8 +41,11 @@ from sandman.daemon.status import Activity
 log = logging.getLogger("sandmand")
 
 # Answered without a token: probes and the reaper's idle figure reveal
-# nothing but "alive", "ready" and a number of seconds.
-OPEN_PATHS = frozenset({"/healthz", "/readyz", "/v1/idle"})
+# nothing but "alive", "ready" and a number of seconds; /metrics only counts
+# and durations by route pattern, status code and result, and the build
+# (metrics.py), for Prometheus, which cannot hold a token per sandbox. Who can
+# reach the port at all is the namespace's NetworkPolicy's business.
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/v1/idle", "/metrics"})
 TOKEN_HEADER = "X-Sandman-Token"
 # Looking at a sandbox is not using it: status and metrics polls must not
 # reset (or hold at zero) the idle time they report.
@@ -102,7 +105,7 @@ class App:
                 on_exit=activity.mark,
             ),
             policy=PathPolicy(config.allowed_roots, (config.daemon_dir,)),
-            metrics=DaemonMetrics.create(),
+            metrics=DaemonMetrics.create(__version__),
             activity=activity,
         )
         self.router = Router()
