@@ -24,6 +24,7 @@ from sandman.contract import (
 from sandman.quantity import parse_quantity
 from sandman.webhook.confinement import (
     capabilities,
+    capability,
     daemon_volumes,
     host_namespaces,
     host_paths,
@@ -53,6 +54,48 @@ def _registry(s: Subject) -> Iterator[Violation]:
                 "registry",
                 f"container {c.get('name', '?')}: image {image!r} is not from an allowed registry",
                 f"use an image matching one of {list(allowed)}",
+            )
+
+
+# What reset's guarantees assume a sandbox never holds (daemon/API.md, "Trust
+# boundary"): SYS_PTRACE reads the daemon's memory (its pristine record; the
+# daemon makes itself non-dumpable, which only stops those without it), and
+# SYS_TIME sets the clock that reset trusts to tell an unchanged file by its
+# ctime. ALL and privileged grant both.
+RESET_UNSAFE_CAPABILITIES = ("SYS_PTRACE", "SYS_TIME")
+
+
+def _reset_capabilities(s: Subject) -> Iterator[Violation]:
+    prof = profile_of(s.pod, s.rule)
+    if prof is None or not prof.reuse:
+        return  # unknown (the profile rule says so) or never reset
+    fix = (
+        f"or use a profile with reuse: false (one fresh sandbox per task); profile "
+        f"{prof.name!r} is reset between uses"
+    )
+    # Only what the rule set grants: what it does not is the privileged and
+    # capabilities rules' to refuse (one breach, one rule in the denial).
+    granted = {capability(n) for n in s.rule.allowed_capabilities}
+    for c in s.containers:
+        name = c.get("name", "?")
+        sc = c.get("securityContext") or {}
+        if sc.get("privileged") and s.rule.allow_privileged:
+            yield Violation(
+                "reset-capabilities",
+                f"container {name} is privileged (SYS_PTRACE and SYS_TIME included) in a "
+                f"sandbox of profile {prof.name!r}, which is reused: reset could not vouch for it",
+                f"remove securityContext.privileged, {fix}",
+            )
+            continue
+        added = {capability(n) for n in (sc.get("capabilities") or {}).get("add") or []} & granted
+        unsafe = [n for n in RESET_UNSAFE_CAPABILITIES if n in added or "ALL" in added]
+        if unsafe:
+            yield Violation(
+                "reset-capabilities",
+                f"container {name} adds {unsafe} in a sandbox of profile {prof.name!r}, which "
+                "is reused: with them an agent can read the daemon's memory (SYS_PTRACE) or "
+                "set the clock (SYS_TIME), and reset could not vouch for the sandbox",
+                f"drop {unsafe} from securityContext.capabilities.add, {fix}",
             )
 
 
@@ -162,6 +205,7 @@ CHECKS: tuple[tuple[tuple[str, ...], Check], ...] = (
     (("registry",), _registry),
     (("privileged", "privilege-escalation"), privileged),
     (("capabilities",), capabilities),
+    (("reset-capabilities",), _reset_capabilities),
     (("host-namespaces",), host_namespaces),
     (("host-ports",), host_ports),
     (("host-paths",), host_paths),
