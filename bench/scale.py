@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import threading
 import time
 from pathlib import Path
@@ -37,7 +38,7 @@ from sandman.bench.scale_clients import ClientFleet
 from sandman.bench.scale_env import ScaleEnv, open_env
 from sandman.bench.scale_fleet import FleetPlan, FleetProcess
 from sandman.bench.scale_leases import LeaseKeeper, final_ends
-from sandman.bench.scale_ledger import Ledger, read_events
+from sandman.bench.scale_ledger import Ledger, PodRecord, read_events
 from sandman.bench.scale_metrics import delta
 from sandman.bench.scale_report import (
     admission_figures,
@@ -57,6 +58,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--burst", type=int, default=30_000, help="burst creates (0: skip)")
     p.add_argument("--hold", type=float, default=300.0, help="seconds all sandboxes are held")
     p.add_argument("--lease", type=float, default=180.0, help="held leases, kept this far ahead")
+    p.add_argument(
+        "--renew-at",
+        type=float,
+        default=0.5,
+        help="a held lease is moved a whole --lease ahead when less than this fraction is left"
+        " (the extension rate is N / (lease x (1 - renew-at)) patches/s)",
+    )
     p.add_argument("--burst-lease", type=int, default=120, help="seconds (the ttl annotation)")
     p.add_argument(
         "--reclaim-window",
@@ -79,6 +87,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host-components", action="store_true", help="Sandman as host processes")
     p.add_argument("--run-dir", type=Path, default=None, help="where the event files go")
     p.add_argument("--keep", action="store_true", help="leave pods, nodes and cluster")
+
+
+def settled(r: PodRecord) -> bool:
+    """Nothing more to wait for: Ready, or already being deleted (a short
+    burst lease can end before a slow scheduler placed the pod: waiting for
+    its Ready would wait out ``--settle`` for nothing)."""
+    return bool(r.uid) and (r.ready_at is not None or r.deleting_at is not None)
 
 
 def _wait(env: ScaleEnv, tail: Tail, pred: Any, timeout: float) -> Ledger:
@@ -110,7 +125,15 @@ def held_phase(env: ScaleEnv, args: argparse.Namespace, tail: Tail) -> dict[str,
     n = args.sandboxes
     env.phase("held-create")
     before = _snapshot(env)
-    keeper = LeaseKeeper(env.kubeconfig, env.namespace, env.run_dir, "held-", args.lease, env.event)
+    keeper = LeaseKeeper(
+        env.kubeconfig,
+        env.namespace,
+        env.run_dir,
+        "held-",
+        args.lease,
+        env.event,
+        renew_at=args.renew_at,
+    )
     keeper.start()
     clients = ClientFleet.split(
         kubeconfig=env.kubeconfig,
@@ -128,7 +151,7 @@ def held_phase(env: ScaleEnv, args: argparse.Namespace, tail: Tail) -> dict[str,
     ledger = _wait(
         env,
         tail,
-        lambda L: L.count(lambda r: held(r) and r.ready_at) >= tally["created"] + tally["existed"],
+        lambda L: L.count(lambda r: held(r) and settled(r)) >= tally["created"] + tally["existed"],
         args.settle,
     )
     env.phase("held-hold")
@@ -139,9 +162,16 @@ def held_phase(env: ScaleEnv, args: argparse.Namespace, tail: Tail) -> dict[str,
         key=lambda s: int(s.split("-")[1]),
     )
     window = args.reclaim_window or max(30.0, len(names) / 40.0)
-    # Final ends beyond every current lease (leases are never shortened).
-    first_end = max(hold_end, hold_start + args.lease + 2)
-    keeper.set_final(final_ends(names, first_end, window))
+    # Each lease ends at its planned point after the hold, or where it already
+    # is if that is later: a lease is never shortened (the ledger counts the
+    # latest end a pod had), and waiting for one lease past every current one
+    # would leave all N idle for a whole lease after the hold.
+    current = {r.name: r.lease_end or 0.0 for r in ledger.sandboxes() if held(r)}
+    final = {
+        n: max(end, math.ceil(current.get(n, 0.0)))
+        for n, end in final_ends(names, hold_end, window).items()
+    }
+    keeper.set_final(final)
     alive_min = len(names)
     while time.time() < hold_end:
         time.sleep(5)
@@ -151,7 +181,7 @@ def held_phase(env: ScaleEnv, args: argparse.Namespace, tail: Tail) -> dict[str,
     ledger = tail.read()
     held_now = ledger.count(lambda r: held(r) and r.ready_at and r.deleting_at is None)
     env.phase("held-reclaim")
-    last_end = first_end + window
+    last_end = max(final.values(), default=hold_end)
     ledger = _wait(
         env,
         tail,
@@ -248,7 +278,7 @@ def burst_phase(env: ScaleEnv, args: argparse.Namespace, tail: Tail) -> dict[str
     _wait(
         env,
         tail,
-        lambda L: L.count(lambda r: burst(r) and r.ready_at) >= tally["created"] + tally["existed"],
+        lambda L: L.count(lambda r: burst(r) and settled(r)) >= tally["created"] + tally["existed"],
         args.settle,
     )
     fleet_result = fleet.result(args.settle) if fleet is not None else None

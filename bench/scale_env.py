@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import ssl
 import tempfile
 import threading
@@ -25,7 +26,14 @@ from typing import IO, Any
 from kubernetes.client import CoreV1Api
 
 from sandman.bench.scale_chaos import IN_CLUSTER, HostReaper, Reapers, component_pods
-from sandman.bench.scale_metrics import Sample, Sampler, cmdline, parse_prometheus, pids_of_pod
+from sandman.bench.scale_metrics import (
+    Sample,
+    Sampler,
+    cmdline,
+    descendants,
+    parse_prometheus,
+    pids_of_pod,
+)
 from sandman.bench.scale_watch import WatchProcess
 from sandman.contract import LABEL_BENCH, NAMESPACE
 from sandman.harness.cluster import reaper as reaper_proc
@@ -238,6 +246,7 @@ def resolver(cluster: LocalCluster, reapers: Reapers) -> Any:
         "etcd": "etcd",
         "kube-apiserver": "kube-apiserver",
         "kube-controller-manager": "kube-controller-manager",
+        "kube-scheduler": "default-scheduler",
         "kwok": "kwok",
         "sandman-webhook": "webhook",
         "sandman-extender": "extender",
@@ -247,9 +256,12 @@ def resolver(cluster: LocalCluster, reapers: Reapers) -> Any:
 
     def resolve() -> dict[str, list[int]]:
         out: dict[str, list[int]] = {}
+        cluster_pids: set[int] = set()
         for p in cluster.processes():
             comp = host.get(p.name)
             pid = p.running_pid()
+            if pid is not None:
+                cluster_pids.add(pid)
             if comp and pid is not None:
                 out.setdefault(comp, []).append(pid)
         for h in reapers.own:
@@ -261,6 +273,12 @@ def resolver(cluster: LocalCluster, reapers: Reapers) -> Any:
                     for pid in pids_of_pod(pod["metadata"]["uid"]):
                         if needle in cmdline(pid):
                             out.setdefault(comp, []).append(pid)
+        # The load generator itself (this process, its client, watch and fleet
+        # processes): on a real control plane it runs elsewhere, here it takes
+        # its share of the same two cores.
+        taken = {p for pids in out.values() for p in pids} | cluster_pids
+        taken.update(descendants(*cluster_pids))
+        out["bench"] = [os.getpid(), *(p for p in descendants(os.getpid()) if p not in taken)]
         return out
 
     return resolve

@@ -35,16 +35,18 @@ def rfc3339(t: float) -> str:
     return dt.datetime.fromtimestamp(int(t), dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def next_end(lease_end: float, now: float, lease_s: float, final: float | None) -> float | None:
+def next_end(
+    lease_end: float, now: float, lease_s: float, final: float | None, renew_at: float = 0.5
+) -> float | None:
     """Where a lease should be moved now, or None to leave it (pure).
 
-    Without a final end: when less than half a lease is left, to a whole lease
-    from now. With one: never past it, and to it once a whole lease from now
-    would reach it. A lease is never shortened (the ledger takes the latest
-    end a lease had as the one in force): final ends must lie beyond every
-    current lease, which ``final_ends`` sees to.
+    Without a final end: when less than ``renew_at`` of a lease is left (half
+    by default), to a whole lease from now. With one: never past it, and to
+    it once a whole lease from now would reach it. A lease is never shortened
+    (the ledger takes the latest end a lease had as the one in force): a final
+    end before the current one leaves the lease where it is.
     """
-    if lease_end - now >= lease_s / 2:
+    if lease_end - now >= lease_s * renew_at:
         return None
     target = now + lease_s if final is None else min(now + lease_s, final)
     target = float(math.ceil(target))
@@ -70,10 +72,12 @@ class LeaseKeeper:
         lease_s: float,
         record: Callable[[dict[str, Any]], None],
         concurrency: int = 32,
+        renew_at: float = 0.5,
     ) -> None:
         self.kubeconfig, self.namespace, self.run_dir = kubeconfig, namespace, run_dir
         self.prefix, self.lease_s, self.record = prefix, lease_s, record
         self.concurrency = concurrency
+        self.renew_at = renew_at
         self._final: dict[str, float] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -140,7 +144,7 @@ class LeaseKeeper:
                     ):
                         continue
                     current = max(r.lease_end, confirmed.get(r.name, 0.0))
-                    end = next_end(current, now, self.lease_s, final.get(r.name))
+                    end = next_end(current, now, self.lease_s, final.get(r.name), self.renew_at)
                     if end is None:
                         continue
                     inflight.add(r.name)

@@ -138,6 +138,26 @@ def pids_of_pod(uid: str) -> list[int]:
     return out
 
 
+def descendants(*roots: int) -> list[int]:
+    """Every live process below ``roots`` (children, their children, ...)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], list(roots)
+    while todo:
+        for c in children.get(todo.pop(), ()):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
 def cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
@@ -155,6 +175,11 @@ class PhaseStats:
     peak_rss_sum: dict[str, int] = field(default_factory=dict)  # ... of all its replicas
     cpu_s: dict[str, float] = field(default_factory=dict)
     min_mem_available: int | None = None
+    # The 1-minute load average at each sample (the machine is shared: every
+    # figure of a phase is read next to it).
+    load1_max: float = 0.0
+    load1_sum: float = 0.0
+    samples: int = 0
     started: float = 0.0
     ended: float = 0.0
 
@@ -231,6 +256,10 @@ class Sampler:
                     last = self._cpu_last.get(p, c)
                     st.cpu_s[comp] = st.cpu_s.get(comp, 0.0) + max(0.0, c - last)
                     self._cpu_last[p] = c
+            load1 = os.getloadavg()[0]
+            st.load1_max = max(st.load1_max, load1)
+            st.load1_sum += load1
+            st.samples += 1
             avail = mem_available_bytes()
             if st.min_mem_available is None or avail < st.min_mem_available:
                 st.min_mem_available = avail

@@ -56,6 +56,10 @@ def pod_figures(ledger: Ledger, pick: Callable[[PodRecord], bool]) -> dict[str, 
         "schedule_p99_ms": percentile(sched_ms, 99),
         "bound": len(bound),
         "ready": len(ready),
+        # Lease ended (or otherwise deleted) before the pod was Ready.
+        "deleted_before_ready": sum(
+            1 for r in created if r.ready_at is None and r.deleting_at is not None
+        ),
         "all_ready_s": (max(ready) - t0) if ready and len(ready) == len(created) else math.nan,
     }
 
@@ -93,7 +97,15 @@ def admission_figures(api: Sample, webhook: Sample) -> dict[str, Any]:
             histogram_quantile(webhook, "sandman_webhook_admission_duration_seconds", q / 100)
         )
     out["webhook_calls"] = total(api, ADMISSION + "_count")
-    out["webhook_rejections"] = total(api, "apiserver_admission_webhook_rejection_count")
+    rej = "apiserver_admission_webhook_rejection_count"
+    out["webhook_rejections"] = total(api, rej)
+    # What the rejections were: answers of ours (a policy denial; the claims
+    # webhook refusing the ReplicaSet's pick of a held pod, by design), or
+    # calls that failed (the webhook down: failurePolicy Fail refuses the create).
+    out["webhook_denials"] = {
+        k: v for k, v in by_label(api, rej, "name", error_type="no_error").items() if v
+    }
+    out["webhook_call_errors"] = total(api, rej, error_type="calling_webhook_error")
     codes = by_label(api, "apiserver_request_total", "code")
     out["apiserver_429"] = codes.get("429", 0.0)
     out["apiserver_5xx"] = sum(v for c, v in codes.items() if c.startswith("5"))
@@ -106,6 +118,7 @@ def resource_figures(stats: list[PhaseStats]) -> dict[str, Any]:
     rss_sum: dict[str, float] = {}
     cpu: dict[str, float] = {}
     avail = [s.min_mem_available for s in stats if s.min_mem_available is not None]
+    n = sum(s.samples for s in stats)
     for s in stats:
         for k, v in s.peak_rss.items():
             rss[k] = max(rss.get(k, 0.0), v / MIB)
@@ -118,6 +131,8 @@ def resource_figures(stats: list[PhaseStats]) -> dict[str, Any]:
         "peak_rss_all_replicas_mib": {k: round(v, 1) for k, v in sorted(rss_sum.items())},
         "cpu_s": {k: round(v, 1) for k, v in sorted(cpu.items())},
         "min_mem_available_mib": round(min(avail) / MIB) if avail else None,
+        "load1_mean": round(sum(s.load1_sum for s in stats) / n, 2) if n else None,
+        "load1_max": round(max(s.load1_max for s in stats), 2) if n else None,
     }
 
 

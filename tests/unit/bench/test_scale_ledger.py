@@ -201,3 +201,47 @@ def test_pod_facts_reads_the_injection_and_the_defaults() -> None:
     assert not pod_facts(let_through)["daemon"]
     lax = pod(automountServiceAccountToken=None, schedulerName="default-scheduler")
     assert pod_facts(lax)["missing"] == ["automountServiceAccountToken", "schedulerName"]
+
+
+def test_a_sandbox_reclaimed_before_it_was_ready_is_settled_and_counted(
+    recorded: list[dict[str, Any]],
+) -> None:
+    from sandman.bench.scale import settled
+    from sandman.bench.scale_report import pod_figures
+
+    name = BURST[0]
+    # Drop its Ready: its lease ended while the scheduler was still behind.
+    events = [e for e in recorded if not (e.get("name") == name and e.get("ev") == "ready")]
+    led = ledger_of(events)
+    rec = led.pods[name]
+    assert rec.ready_at is None and rec.deleting_at is not None
+    assert settled(rec)  # the bench does not wait for a Ready that will never come
+    figs = pod_figures(led, lambda r: r.name.startswith("burst-"))
+    assert figs["deleted_before_ready"] == 1
+    assert figs["ready"] == len(BURST) - 1
+    assert figs["all_ready_s"] != figs["all_ready_s"]  # NaN: not all were Ready
+    # A created pod neither Ready nor deleting is still awaited.
+    events = [e for e in events if not (e.get("name") == name and e.get("ev") == "deleting")]
+    assert not settled(ledger_of(events).pods[name])
+
+
+def test_webhook_rejections_are_split_into_denials_and_failed_calls() -> None:
+    from sandman.bench.scale_metrics import parse_prometheus
+    from sandman.bench.scale_report import admission_figures
+
+    text = "\n".join(
+        [
+            'apiserver_admission_webhook_rejection_count{error_type="no_error",'
+            'name="claims.sandman.dev",operation="DELETE",rejection_code="403",'
+            'type="validating"} 4',
+            'apiserver_admission_webhook_rejection_count{error_type="calling_webhook_error",'
+            'name="inject.sandman.dev",operation="CREATE",rejection_code="0",type="admit"} 57',
+            'apiserver_admission_webhook_rejection_count{error_type="no_error",'
+            'name="policy.sandman.dev",operation="CREATE",rejection_code="403",'
+            'type="validating"} 0',
+        ]
+    )
+    figs = admission_figures(parse_prometheus(text), {})
+    assert figs["webhook_rejections"] == 61
+    assert figs["webhook_denials"] == {"claims.sandman.dev": 4}
+    assert figs["webhook_call_errors"] == 57
