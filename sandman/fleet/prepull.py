@@ -127,15 +127,24 @@ def prepull_pod(
     }
 
 
+# Waiting reasons the kubelet gives only once the image is on the node (the
+# container could not be made or run, e.g. an image without ``true``).
+_PULLED_BUT_STUCK = ("CreateContainerError", "CreateContainerConfigError", "RunContainerError")
+
+
 def started(pod: Mapping[str, Any]) -> bool:
-    """The node has the image: its container ran (or the pod ended either way)."""
+    """The node has the image: its container ran, could not be made from the
+    pulled image, or the pod ended either way."""
     st = pod.get("status") or {}
     if st.get("phase") in ("Running", "Succeeded", "Failed"):
         return True
-    return any(
-        "running" in (c.get("state") or {}) or "terminated" in (c.get("state") or {})
-        for c in st.get("containerStatuses") or []
-    )
+    for c in st.get("containerStatuses") or []:
+        state = c.get("state") or {}
+        if "running" in state or "terminated" in state:
+            return True
+        if (state.get("waiting") or {}).get("reason") in _PULLED_BUT_STUCK:
+            return True
+    return False
 
 
 class Prepuller:

@@ -76,3 +76,7 @@ def test_started_means_the_node_has_the_image() -> None:
     assert started({"status": {"phase": "Succeeded"}})
     ran = {"state": {"terminated": {"exitCode": 127}}}  # no `true` in it: pulled all the same
     assert started({"status": {"phase": "Pending", "containerStatuses": [ran]}})
+    stuck = {"state": {"waiting": {"reason": "CreateContainerError"}}}  # pulled, cannot run
+    assert started({"status": {"phase": "Pending", "containerStatuses": [stuck]}})
+    pulling = {"state": {"waiting": {"reason": "ErrImagePull"}}}
+    assert not started({"status": {"phase": "Pending", "containerStatuses": [pulling]}})
