@@ -33,6 +33,10 @@ from sandman.kube_async import MERGE_PATCH, PODS, ApiError
 from sandman.pools import NoIdlePod, PoolSpec
 from sandman.pools.manager import ManagerConfig, PoolManager
 
+# A pool plan that failed without an answer is tried again this much later
+# (a killed webhook replica or a restarted apiserver is back in seconds).
+PLAN_RETRY_S = 1.0
+
 log = logging.getLogger(__name__)
 Task = Callable[[Sandbox, "Problem", int], Awaitable[float]]
 ResetFn = Callable[[Sandbox], Awaitable[Mapping[str, Any]]]
@@ -209,9 +213,20 @@ class Fleet:
 
     # -- pools -------------------------------------------------------------------
     async def _plan(self) -> None:
-        """Bring pools in line with the strategy's targets for where the run is now."""
+        """Bring pools in line with the strategy's targets for where the run is now.
+
+        A failure that is not an answer (the webhook down, the apiserver
+        restarting: 5xx, 429, no connection) is logged and planned again
+        ``PLAN_RETRY_S`` later: it must not end the dispatcher (seen in a
+        scale run with the webhook killed mid-burst: the whole fleet failed)."""
         async with self.plan_lock:  # the dispatcher and the planner both plan
-            await self._plan_locked()
+            try:
+                await self._plan_locked()
+            except (ApiError, OSError, TimeoutError) as e:
+                if isinstance(e, ApiError) and e.status < 500 and e.status != 429:
+                    raise
+                log.warning("pool planning failed (retrying in %.0fs): %s", PLAN_RETRY_S, e)
+                asyncio.get_running_loop().call_later(PLAN_RETRY_S, self._changed)
 
     async def _plan_locked(self) -> None:
         cfg = self.config
@@ -221,9 +236,12 @@ class Fleet:
         for i, n in targets.items():
             if i not in self.pools:
                 name = f"{self.run_id}-{i}"
-                self.pools[i] = name
                 self.pool_problem[name] = self.problems[i].id
                 await self.pm.ensure(self._pool_spec(name, self.problems[i], n))
+                # Only once the manager has it: an ensure that failed (the
+                # webhook down, the apiserver restarting) is tried again at
+                # the next plan instead of leaving a pool nobody manages.
+                self.pools[i] = name
             self.pm.set_target(self.pools[i], n)
         for i in [i for i in self.pools if i not in targets]:
             await self.pm.delete(self.pools.pop(i))
