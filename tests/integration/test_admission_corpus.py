@@ -104,11 +104,13 @@ def _governs(core: CoreV1Api, ns: str) -> str | None:
         "spec": {"containers": [{"name": "c", "image": "127.0.0.1:5000/sandman/tiny:1"}]},
     }
     try:
-        core.create_namespaced_pod(ns, probe, dry_run="All")
+        # A rule set in warn (or audit) mode admits it: its name is in the warning.
+        resp = core.create_namespaced_pod(ns, probe, dry_run="All", _preload_content=False)
+        msg = ", ".join(resp.headers.getlist("Warning"))
     except ApiException as e:
         msg = str(e.body)
-        if "sandman policy '" in msg:
-            return msg.split("sandman policy '", 1)[1].split("'", 1)[0]
+    if "sandman policy '" in msg:
+        return msg.split("sandman policy '", 1)[1].split("'", 1)[0]
     return None
 
 
