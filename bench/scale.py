@@ -46,6 +46,7 @@ from sandman.bench.scale_report import (
     pod_figures,
     reclaim_figures,
     resource_figures,
+    scheduler_figures,
     table_rows,
 )
 from sandman.bench.scale_watch import Tail
@@ -107,7 +108,13 @@ def _wait(env: ScaleEnv, tail: Tail, pred: Any, timeout: float) -> Ledger:
 
 def _snapshot(env: ScaleEnv) -> dict[str, Any]:
     env.scrape()
-    return {"api": env.apiserver.totals(), "webhook": env.webhook.totals(), "t": time.time()}
+    return {
+        "api": env.apiserver.totals(),
+        "webhook": env.webhook.totals(),
+        "scheduler": env.scheduler.totals(),
+        "extender": env.extender.totals(),
+        "t": time.time(),
+    }
 
 
 def _phase_metrics(env: ScaleEnv, before: dict[str, Any], names: list[str]) -> dict[str, Any]:
@@ -116,6 +123,10 @@ def _phase_metrics(env: ScaleEnv, before: dict[str, Any], names: list[str]) -> d
     return {
         **admission_figures(
             delta(after["api"], before["api"]), delta(after["webhook"], before["webhook"])
+        ),
+        **scheduler_figures(
+            delta(after["scheduler"], before["scheduler"]),
+            delta(after["extender"], before["extender"]),
         ),
         **resource_figures([stats[n] for n in names if n in stats]),
     }

@@ -9,8 +9,10 @@ cluster: a scale run fills it with tens of thousands of pods.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import ssl
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+import yaml
 from kubernetes.client import CoreV1Api
 
 from sandman.bench.scale_chaos import IN_CLUSTER, HostReaper, Reapers, component_pods
@@ -56,6 +59,15 @@ APISERVER_SERIES = (
 )
 WEBHOOK_SERIES = ("sandman_webhook_admission_duration_seconds", "sandman_webhook_admissions_total")
 ETCD_SERIES = ("etcd_mvcc_db_total_size_in_bytes", "etcd_server_quota_backend_bytes")
+# sandman-scheduler's view of each pod: queue entry -> bound (SLI), the
+# serial part (filter + score + our extender's prioritize), the Bind call.
+SCHEDULER_SERIES = (
+    "scheduler_pod_scheduling_sli_duration_seconds",
+    "scheduler_scheduling_algorithm_duration_seconds",
+    "scheduler_framework_extension_point_duration_seconds",
+    "scheduler_schedule_attempts_total",
+)
+EXTENDER_SERIES = ("sandman_extender_request_duration_seconds",)
 
 
 def pods_per_node_nodes(pods: int, per_node: int) -> int:
@@ -115,6 +127,8 @@ class ScaleEnv:
     bench_out: IO[str]
     apiserver: CounterTracker = field(default_factory=CounterTracker)
     webhook: CounterTracker = field(default_factory=CounterTracker)
+    scheduler: CounterTracker = field(default_factory=CounterTracker)
+    extender: CounterTracker = field(default_factory=CounterTracker)
     etcd_last: Sample = field(default_factory=dict)
     _scraper: threading.Thread | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -150,20 +164,47 @@ class ScaleEnv:
         text = _get(f"http://127.0.0.1:{self.cluster.config.ports.etcd_client}/metrics")
         if text is not None:
             self.etcd_last = parse_prometheus(text, ETCD_SERIES)
+        url = self._scheduler_metrics_url()
+        if url is not None:
+            text = _get(url, _client_cert_context(self.kubeconfig))
+            if text is not None:
+                sample = parse_prometheus(text, SCHEDULER_SERIES)
+                self.scheduler.add(
+                    {
+                        k: v
+                        for k, v in sample.items()
+                        if not k[0].startswith("scheduler_framework")
+                        or ("extension_point", "Bind") in k[1]
+                    }
+                )
         dep = self.cluster.deployment
         if dep is None:
             return
-        merged: Sample = {}
-        try:
-            urls = dep.metrics_urls("webhook")
-        except Exception:
-            return
-        for url in urls:
-            text = _get(url, insecure_context())
-            for k, v in parse_prometheus(text or "", WEBHOOK_SERIES).items():
-                # One series per replica: the URL keeps them apart.
-                merged[(k[0], k[1] | {("instance", url)})] = v
-        self.webhook.add(merged)
+        for comp, series, tracker in (
+            ("webhook", WEBHOOK_SERIES, self.webhook),
+            ("extender", EXTENDER_SERIES, self.extender),
+        ):
+            merged: Sample = {}
+            try:
+                urls = dep.metrics_urls(comp)
+            except Exception:
+                continue
+            for url in urls:
+                text = _get(url, insecure_context())
+                for k, v in parse_prometheus(text or "", series).items():
+                    # One series per replica: the URL keeps them apart.
+                    merged[(k[0], k[1] | {("instance", url)})] = v
+            tracker.add(merged)
+
+    def _scheduler_metrics_url(self) -> str | None:
+        """sandman-scheduler's /metrics as a host process (in-cluster: not scraped)."""
+        for p in self.cluster.processes():
+            if p.name == "sandman-scheduler":
+                port = next(
+                    (a.split("=", 1)[1] for a in p.argv if a.startswith("--secure-port=")), None
+                )
+                return f"https://127.0.0.1:{port}/metrics" if port else None
+        return None
 
     def start_scraping(self, period: float = 5.0) -> None:
         def loop() -> None:
@@ -190,6 +231,23 @@ class ScaleEnv:
                     core.delete_node(n)
         if self.owned:
             self.cluster.down(purge=not keep)
+
+
+@functools.cache
+def _client_cert_context(kubeconfig: Path) -> ssl.SSLContext:
+    """The kubeconfig's client certificate, the peer's not verified: for the
+    schedulers' /metrics (self-signed serving certificates, delegated authn)."""
+    doc = yaml.safe_load(Path(kubeconfig).read_text())
+    user = doc["users"][0]["user"]
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    with tempfile.TemporaryDirectory() as d:
+        cert, key = Path(d) / "c", Path(d) / "k"
+        cert.write_bytes(base64.b64decode(user["client-certificate-data"]))
+        key.write_bytes(base64.b64decode(user["client-key-data"]))
+        ctx.load_cert_chain(cert, key)
+    return ctx
 
 
 def open_cluster(state_dir: Path | None, host_components: bool) -> tuple[LocalCluster, bool]:

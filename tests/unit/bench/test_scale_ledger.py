@@ -245,3 +245,35 @@ def test_webhook_rejections_are_split_into_denials_and_failed_calls() -> None:
     assert figs["webhook_rejections"] == 61
     assert figs["webhook_denials"] == {"claims.sandman.dev": 4}
     assert figs["webhook_call_errors"] == 57
+
+
+def test_scheduler_figures_report_the_mean_where_the_buckets_end() -> None:
+    from sandman.bench.scale_metrics import parse_prometheus
+    from sandman.bench.scale_report import scheduler_figures
+
+    bind = "scheduler_framework_extension_point_duration_seconds"
+    lbl = 'extension_point="Bind",profile="sandman-scheduler",status="Success"'
+    text = "\n".join(
+        [
+            f'{bind}_bucket{{{lbl},le="0.1024"}} 0',
+            f'{bind}_bucket{{{lbl},le="0.2048"}} 0',
+            f'{bind}_bucket{{{lbl},le="+Inf"}} 10',
+            f"{bind}_sum{{{lbl}}} 12.0",
+            f"{bind}_count{{{lbl}}} 10",
+            'sandman_extender_request_duration_seconds_bucket{verb="prioritize",le="0.001"} 9',
+            'sandman_extender_request_duration_seconds_bucket{verb="prioritize",le="0.01"} 10',
+            'sandman_extender_request_duration_seconds_bucket{verb="prioritize",le="+Inf"} 10',
+            'sandman_extender_request_duration_seconds_sum{verb="prioritize"} 0.011',
+            'sandman_extender_request_duration_seconds_count{verb="prioritize"} 10',
+            'scheduler_schedule_attempts_total{profile="sandman-scheduler",result="scheduled"} 10',
+        ]
+    )
+    s = parse_prometheus(text)
+    figs = scheduler_figures(s, s)
+    # Every Bind took longer than the last finite bucket: the quantile is that
+    # bound, the mean says 1.2 s.
+    assert figs["scheduler_bind_p50_ms"] == pytest.approx(204.8)
+    assert figs["scheduler_bind_mean_ms"] == pytest.approx(1200.0)
+    assert figs["extender_prioritize_p50_ms"] < 1.0
+    assert figs["extender_calls"] == 10
+    assert figs["scheduled_attempts"] == {"scheduled": 10}
