@@ -84,7 +84,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
         help="strategies that also run with pre-pulling, where pulls cost time",
     )
     # real node, large images behind a rate limit
-    p.add_argument("--pull-problems", type=int, default=6)
+    p.add_argument("--pull-problems", type=int, default=8)
+    p.add_argument("--pull-window", type=int, default=2, help="problems per window (real-pull)")
     p.add_argument("--pull-image-mb", type=float, default=200.0)
     p.add_argument("--pull-rate-mb", type=float, default=25.0, help="MB/s through the proxy")
     # kwok
@@ -410,7 +411,7 @@ async def _real_pull(
                 variants(args, pulls=True),
                 lambda: problems,
                 args.rollouts,
-                base,
+                {**base, "window": args.pull_window},
                 real_task,
                 before=forget,
             )
