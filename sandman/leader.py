@@ -62,13 +62,22 @@ class LeaderElector:
         self._renewed_at: dt.datetime | None = None  # our clock, at our last successful renew
         self._observed: tuple[Any, ...] | None = None
         self._observed_at: dt.datetime | None = None
+        self._lapsed = False  # is_leader() said no since run() last looked
         self.transitions = 0
 
     def is_leader(self) -> bool:
-        """True only while our last renewal is younger than the renew deadline."""
-        return (
+        """True only while our last renewal is younger than the renew deadline.
+
+        A False answer while we hold a renewal is a lapse, noted for ``run``:
+        a renewal that took most of the renew deadline (a loaded apiserver)
+        makes us no leader for a moment that ``run``'s loop, waiting on that
+        renewal, never sees; whoever asked meanwhile acted as a standby."""
+        leading = (
             self._renewed_at is not None and self.clock() - self._renewed_at < self.renew_deadline
         )
+        if not leading and self._renewed_at is not None:
+            self._lapsed = True
+        return leading
 
     def _lease_body(
         self, now: dt.datetime, transitions: int, acquired: str | None
@@ -136,7 +145,23 @@ class LeaderElector:
             except (ApiError, OSError, TimeoutError) as e:
                 log.warning("leader election %s/%s: %s", self.namespace, self.name, e)
             now_leading = self.is_leader()
-            if now_leading != leading:
+            lapsed, self._lapsed = self._lapsed, False
+            if leading and now_leading and lapsed:
+                # Lost and won again within one renewal: report both, so that
+                # what was skipped as a standby meanwhile is taken up again
+                # (seen in a scale run: a reaper dropped 327 due sandboxes
+                # while a slow renewal lapsed, then led on and never
+                # reclaimed them).
+                log.warning(
+                    "%s: leadership of %s/%s lapsed during a slow renewal; leading again",
+                    self.identity,
+                    self.namespace,
+                    self.name,
+                )
+                self.transitions += 2
+                self.on_change(False)
+                self.on_change(True)
+            elif now_leading != leading:
                 leading = now_leading
                 self.transitions += 1
                 log.info(
