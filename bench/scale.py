@@ -42,6 +42,7 @@ from sandman.bench.scale_ledger import Ledger, PodRecord, read_events
 from sandman.bench.scale_metrics import delta
 from sandman.bench.scale_report import (
     admission_figures,
+    during,
     invariants,
     pod_figures,
     reclaim_figures,
@@ -157,6 +158,7 @@ def held_phase(env: ScaleEnv, args: argparse.Namespace, tail: Tail) -> dict[str,
         out_dir=env.run_dir,
     )
     clients.start()
+    env.name_processes("bench-clients", [p.pid for p in clients.procs])
     tally = clients.join()
     held = lambda r: r.name.startswith("held-")  # noqa: E731
     ledger = _wait(
@@ -283,7 +285,9 @@ def burst_phase(env: ScaleEnv, args: argparse.Namespace, tail: Tail) -> dict[str
     )
     if fleet is not None:
         fleet.start()
+        env.name_processes("bench-fleet", [fleet.proc.pid])
     clients.start()
+    env.name_processes("bench-clients", [p.pid for p in clients.procs])
     tally = clients.join()
     burst = lambda r: r.name.startswith("burst-")  # noqa: E731
     _wait(
@@ -305,6 +309,9 @@ def burst_phase(env: ScaleEnv, args: argparse.Namespace, tail: Tail) -> dict[str
         args.burst_lease + args.settle,
     )
     env.phase("after")
+    for c in chaos:
+        if "start" in c:
+            c["during"] = during(ledger, c["start"], c["end"])
     return {
         "client": tally,
         "chaos": chaos,

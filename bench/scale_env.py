@@ -130,6 +130,7 @@ class ScaleEnv:
     scheduler: CounterTracker = field(default_factory=CounterTracker)
     extender: CounterTracker = field(default_factory=CounterTracker)
     etcd_last: Sample = field(default_factory=dict)
+    roles: dict[int, str] = field(default_factory=dict)  # the bench's processes (resolver)
     _scraper: threading.Thread | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _out_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -148,6 +149,12 @@ class ScaleEnv:
         with self._out_lock:
             self.bench_out.write(line)
             self.bench_out.flush()
+
+    def name_processes(self, role: str, pids: list[int | None]) -> None:
+        """Count these processes' CPU and memory as ``role`` (bench-clients, ...)."""
+        for pid in pids:
+            if pid is not None:
+                self.roles[pid] = role
 
     def phase(self, name: str) -> None:
         self.event({"ev": "phase", "name": name})
@@ -298,8 +305,10 @@ def add_nodes(core: CoreV1Api, count: int, per_node: int, tag: str) -> list[str]
     return names
 
 
-def resolver(cluster: LocalCluster, reapers: Reapers) -> Any:
-    """component -> its processes on this host, in either deployment mode."""
+def resolver(cluster: LocalCluster, reapers: Reapers, roles: dict[int, str]) -> Any:
+    """component -> its processes on this host, in either deployment mode.
+    ``roles`` names the bench's own processes (pid -> bench-clients, ...) as
+    the bench starts them; the rest of the bench is bench-main."""
     host = {
         "etcd": "etcd",
         "kube-apiserver": "kube-apiserver",
@@ -336,7 +345,10 @@ def resolver(cluster: LocalCluster, reapers: Reapers) -> Any:
         # its share of the same two cores.
         taken = {p for pids in out.values() for p in pids} | cluster_pids
         taken.update(descendants(*cluster_pids))
-        out["bench"] = [os.getpid(), *(p for p in descendants(os.getpid()) if p not in taken)]
+        out["bench-main"] = [os.getpid()]
+        for pid in descendants(os.getpid()):
+            if pid not in taken:
+                out.setdefault(roles.get(pid, "bench-main"), []).append(pid)
         return out
 
     return resolve
@@ -381,7 +393,8 @@ def open_env(
             reapers = Reapers.host_pair(cluster, namespace, run_dir, ("--extension-grace=0",))
         watch = WatchProcess(cluster.kubeconfig, namespace, run_dir / "watch.jsonl")
         watch.start()
-        sampler = Sampler(resolver(cluster, reapers))
+        roles: dict[int, str] = {}
+        sampler = Sampler(resolver(cluster, reapers, roles))
         sampler.start()
         env = ScaleEnv(
             cluster=cluster,
@@ -393,7 +406,9 @@ def open_env(
             reapers=reapers,
             sampler=sampler,
             bench_out=open(run_dir / "bench.jsonl", "a"),  # noqa: SIM115 (closed by close())
+            roles=roles,
         )
+        env.name_processes("bench-watch", [watch.proc.pid])
         env.start_scraping()
         reapers.wait_leader()
         return env

@@ -73,6 +73,32 @@ def pod_figures(ledger: Ledger, pick: Callable[[PodRecord], bool]) -> dict[str, 
     }
 
 
+def during(ledger: Ledger, start: float, end: float) -> dict[str, int]:
+    """What happened to the sandboxes while a fault lasted: creates answered,
+    pods bound (placement went on while the extender was gone), Ready, deletions
+    begun (reclaims went on while the reaper leader was gone), and creates that
+    had to be sent again (refused while the webhook or the apiserver was down)."""
+
+    def within(t: float | None) -> bool:
+        return t is not None and start <= t <= end
+
+    pods = list(ledger.sandboxes())
+    return {
+        "created": sum(1 for r in pods if within(r.created_at)),
+        "bound": sum(1 for r in pods if within(r.bound_at)),
+        "ready": sum(1 for r in pods if within(r.ready_at)),
+        "deleting": sum(1 for r in pods if within(r.deleting_at)),
+        "resent": sum(
+            1
+            for r in pods
+            if r.create_attempts > 1
+            and r.create_sent_at is not None
+            and r.create_sent_at <= end
+            and (r.created_at is None or r.created_at >= start)
+        ),
+    }
+
+
 def reclaim_figures(ledger: Ledger, pick: Callable[[PodRecord], bool]) -> dict[str, Any]:
     sub = Ledger(pods={k: r for k, r in ledger.pods.items() if pick(r)})
     lat = reclaim_latencies(sub)

@@ -277,3 +277,22 @@ def test_scheduler_figures_report_the_mean_where_the_buckets_end() -> None:
     assert figs["extender_prioritize_p50_ms"] < 1.0
     assert figs["extender_calls"] == 10
     assert figs["scheduled_attempts"] == {"scheduled": 10}
+
+
+def test_what_happened_during_a_fault_is_counted_from_the_record(
+    recorded: list[dict[str, Any]],
+) -> None:
+    from sandman.bench.scale_report import during
+
+    led = ledger_of(recorded)
+    webhook = next(w for w in led.chaos if w.what == "webhook")
+    got = during(led, webhook.start, webhook.end)
+    pods = list(led.sandboxes())
+    assert got["bound"] == sum(
+        1 for r in pods if r.bound_at and webhook.start <= r.bound_at <= webhook.end
+    )
+    # Everything, over the whole record.
+    everything = during(led, 0.0, float("inf"))
+    assert everything["created"] == sum(1 for r in pods if r.created_at)
+    assert everything["deleting"] == sum(1 for r in pods if r.deleting_at)
+    assert during(led, 0.0, 1.0) == dict.fromkeys(everything, 0)
