@@ -161,7 +161,8 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
 
 
 def run_label(summary: dict[str, Any]) -> str:
-    return f"{summary['strategy']}{'+reuse' if summary['reuse'] else ''}"
+    prepull = "+prepull" if (summary.get("params") or {}).get("prepull_ahead") else ""
+    return f"{summary['strategy']}{'+reuse' if summary['reuse'] else ''}{prepull}"
 
 
 def render_text(summary: dict[str, Any]) -> str:
