@@ -74,6 +74,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="seconds over which held leases end (default: N / 40, under the reaper's 50/s)",
     )
+    p.add_argument(
+        "--burst-rate",
+        type=float,
+        default=None,
+        help="creates/s of the burst in all (default: as fast as the clients go); with --chaos"
+        " a small burst needs it to outlast the four faults (~30 s each)",
+    )
     p.add_argument("--processes", type=int, default=4, help="client processes")
     p.add_argument("--concurrency", type=int, default=32, help="creates in flight per process")
     p.add_argument("--pods-per-node", type=int, default=110)
@@ -193,6 +200,7 @@ def held_phase(env: ScaleEnv, args: argparse.Namespace, tail: Tail) -> dict[str,
         alive_min = min(alive_min, alive)
     ledger = tail.read()
     held_now = ledger.count(lambda r: held(r) and r.ready_at and r.deleting_at is None)
+    stored = env.etcd_object_bytes(names[:: max(1, len(names) // 20)])
     env.phase("held-reclaim")
     last_end = max(final.values(), default=hold_end)
     ledger = _wait(
@@ -203,17 +211,21 @@ def held_phase(env: ScaleEnv, args: argparse.Namespace, tail: Tail) -> dict[str,
     )
     keeper.stop()
     env.phase("between")
+    figures = _phase_metrics(env, before, ["held-create", "held-hold", "held-reclaim"])
+    figures["cpu_ms_per_sandbox"] = per_sandbox_ms(figures["cpu_s"], len(names))
     return {
         "held_sandboxes": held_now,
         "held_min_during_hold": alive_min,
         "hold_s": args.hold,
         "reclaim_window_s": window,
+        # A held sandbox as etcd stores it (mean of up to 20, protobuf).
+        "etcd_bytes_per_sandbox": round(sum(stored) / len(stored)) if stored else None,
         "extensions_sent": keeper.sent,
         "extensions_failed": keeper.failed,
         "client": tally,
         **pod_figures(ledger, held),
         **reclaim_figures(ledger, held),
-        **_phase_metrics(env, before, ["held-create", "held-hold", "held-reclaim"]),
+        **figures,
     }
 
 
@@ -282,6 +294,7 @@ def burst_phase(env: ScaleEnv, args: argparse.Namespace, tail: Tail) -> dict[str
         concurrency=args.concurrency,
         ttl_s=args.burst_lease,
         out_dir=env.run_dir,
+        rate=args.burst_rate,
     )
     if fleet is not None:
         fleet.start()
@@ -312,18 +325,37 @@ def burst_phase(env: ScaleEnv, args: argparse.Namespace, tail: Tail) -> dict[str
     for c in chaos:
         if "start" in c:
             c["during"] = during(ledger, c["start"], c["end"])
+    figures = _phase_metrics(env, before, ["burst", "burst-reclaim"])
+    # The fleet's pods went through the same path in the same phase.
+    pods = tally["created"] + tally["existed"] + int((fleet_result or {}).get("pods_created", 0))
+    figures["cpu_ms_per_sandbox"] = per_sandbox_ms(figures["cpu_s"], pods)
     return {
         "client": tally,
         "chaos": chaos,
         "fleet": fleet_result,
         **pod_figures(ledger, burst),
         **reclaim_figures(ledger, burst),
-        **_phase_metrics(env, before, ["burst", "burst-reclaim"]),
+        **figures,
     }
 
 
+# Pods of the fleet alive at once, per unit of its concurrency: the rollouts'
+# sandboxes, the warm pools' next ones, and those still terminating on kwok
+# (a deleted pod keeps its node's slot until kwok has deleted it).
+FLEET_PODS_PER_SLOT = 4
+
+
+def capacity_needed(args: argparse.Namespace) -> int:
+    """Pod slots the kwok nodes must have. The burst and the fleet run at once;
+    too few slots made pods unschedulable and the scheduler's backoff looked
+    like slow scheduling (2,199 unschedulable attempts in a 500-pod chaos run
+    with the fleet, before the fleet was counted here)."""
+    fleet = 0 if args.no_fleet or not args.burst else FLEET_PODS_PER_SLOT * args.fleet_concurrency
+    return max(args.sandboxes, args.burst + fleet) + args.bystanders
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    pods = max(args.sandboxes, args.burst) + args.bystanders
+    pods = capacity_needed(args)
     env = open_env(
         state_dir=args.state_dir,
         host_components=args.host_components,
@@ -382,6 +414,12 @@ HEADLINE = (
     "sandboxes_without_daemon",
     "component_peak_rss_mib",
 )
+
+
+def per_sandbox_ms(cpu_s: dict[str, float], pods: int) -> dict[str, float]:
+    """CPU milliseconds each component spent per sandbox of a phase (each one
+    admitted, scheduled, started by kwok, watched and reclaimed)."""
+    return {k: round(v * 1000 / pods, 1) for k, v in cpu_s.items()} if pods else {}
 
 
 def headline(results: dict[str, Any]) -> dict[str, Any]:

@@ -203,6 +203,27 @@ class ScaleEnv:
                     merged[(k[0], k[1] | {("instance", url)})] = v
             tracker.add(merged)
 
+    def etcd_object_bytes(self, names: list[str]) -> list[int]:
+        """The stored size (protobuf, as the apiserver wrote it) of these pods of
+        the bench's namespace in etcd, read through etcd's JSON gateway."""
+        port = self.cluster.config.ports.etcd_client
+        out = []
+        for name in names:
+            key = base64.b64encode(f"/registry/pods/{self.namespace}/{name}".encode()).decode()
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{port}/v3/kv/range",
+                data=json.dumps({"key": key}).encode(),
+                method="POST",
+            )
+            try:
+                with urllib.request.urlopen(req, timeout=10) as r:
+                    kvs = json.loads(r.read()).get("kvs") or []
+            except (OSError, ValueError):
+                continue
+            if kvs:
+                out.append(len(base64.b64decode(kvs[0].get("value", ""))))
+        return out
+
     def _scheduler_metrics_url(self) -> str | None:
         """sandman-scheduler's /metrics as a host process (in-cluster: not scraped)."""
         for p in self.cluster.processes():
@@ -231,8 +252,9 @@ class ScaleEnv:
         self.bench_out.close()
         core = self.core()
         if not keep:
-            with contextlib.suppress(Exception):
-                core.delete_namespace(self.namespace)
+            for ns in (self.namespace, f"{self.namespace}-fleet"):  # the fleet's (scale.py)
+                with contextlib.suppress(Exception):
+                    core.delete_namespace(ns)
             for n in self.nodes:
                 with contextlib.suppress(Exception):
                     core.delete_node(n)

@@ -28,3 +28,24 @@ def test_a_final_end_caps_the_move_and_never_shortens_a_lease() -> None:
 def test_final_ends_spread_evenly_over_the_window_in_order() -> None:
     ends = final_ends(["a", "b", "c", "d"], start=100.0, window_s=40.0)
     assert ends == {"a": 100.0, "b": 110.0, "c": 120.0, "d": 130.0}
+
+
+def test_the_kwok_nodes_have_room_for_the_burst_and_the_fleet_at_once() -> None:
+    import argparse
+
+    from sandman.bench.scale import FLEET_PODS_PER_SLOT, add_args, capacity_needed
+    from sandman.bench.scale_env import pods_per_node_nodes
+
+    p = argparse.ArgumentParser()
+    add_args(p)
+    args = p.parse_args(["--sandboxes", "200", "--burst", "500"])
+    # The 500-pod chaos run that had 2,199 unschedulable attempts: 6 nodes.
+    assert pods_per_node_nodes(600, 110) == 6
+    need = capacity_needed(args)
+    assert need == 500 + FLEET_PODS_PER_SLOT * 64 + 100
+    assert pods_per_node_nodes(need, 110) == 9
+    assert (
+        capacity_needed(p.parse_args(["--sandboxes", "200", "--burst", "500", "--no-fleet"])) == 600
+    )
+    held_only = p.parse_args(["--sandboxes", "12500", "--burst", "0"])
+    assert pods_per_node_nodes(capacity_needed(held_only), 110) == 121
