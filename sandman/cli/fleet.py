@@ -50,6 +50,18 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--window", type=int, default=4)
     p.add_argument("--reuse", action="store_true", help="reset and reuse sandboxes per problem")
     p.add_argument("--k", type=int, default=2, help="sandboxes per problem with --reuse")
+    p.add_argument(
+        "--prepull",
+        type=int,
+        default=0,
+        metavar="N",
+        help="pre-pull the images of the N problems after the warm ones (docs/pools.md)",
+    )
+    p.add_argument(
+        "--extender-url",
+        default=None,
+        help="sandman-scheduler's extender, asked which images a node holds already",
+    )
     p.add_argument("--ttl", default="30m")
     p.add_argument("--timeout", type=float, default=600.0, help="per command, seconds")
     p.add_argument("--pod-command", type=shlex.split, default=None, help='e.g. "sleep infinity"')
@@ -123,7 +135,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = FleetConfig(
         strategy=args.strategy, concurrency=args.concurrency, window=args.window,
         reuse=args.reuse, k=args.k, ttl=args.ttl, command=args.pod_command,
-        node_selector=_pairs(args.node_selector),
+        node_selector=_pairs(args.node_selector), prepull_ahead=args.prepull,
+        extender_url=args.extender_url,
     )  # fmt: skip
     namespace = args.namespace or default_namespace(args.kubeconfig)
     bar = ProgressLine(sys.stderr, force=args.progress == "always")
