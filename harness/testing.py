@@ -7,6 +7,8 @@ kind of cluster the same way.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import copy
 import dataclasses
 import inspect
 import os
@@ -15,13 +17,15 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
 from kubernetes.client import CoreV1Api
 
+from sandman.contract import PREFIX
 from sandman.harness.cluster import claim
 from sandman.harness.cluster.config import ClusterConfig, Ports, RealNodeConfig, default_state_dir
 from sandman.harness.cluster.hostsetup import (
@@ -233,3 +237,36 @@ def wait_ready(core: CoreV1Api, ns: str, name: str, timeout: float = 120) -> dic
         return pod if conds.get("Ready") == "True" else None
 
     return wait_for(ready, timeout=timeout, what=f"pod {ns}/{name} Ready")
+
+
+TEST_POLICY_LABEL = PREFIX + "test-policy"
+
+
+@contextlib.contextmanager
+def namespace_rule(
+    cluster: LocalCluster, core: CoreV1Api, namespace: str, **fields: Any
+) -> Iterator[None]:
+    """Govern ``namespace`` by a rule of its own for the block: a copy of the
+    cluster's default rule (the one without a namespaceSelector) with
+    ``fields`` replaced, selected by a label put on the namespace. The policy
+    is restored after; writes return once every webhook enforces them."""
+    deployment = cluster.deployment
+    assert deployment is not None, "the test cluster runs Sandman's webhook"
+    handle = deployment.policy
+    original = handle.read()
+    doc = yaml.safe_load(original)
+    rules = doc.get("rules") or []
+    base = next((r for r in rules if "namespaceSelector" not in r), rules[-1] if rules else {})
+    rule = {
+        **copy.deepcopy(base),
+        **fields,
+        "name": f"test-{namespace}"[:63],
+        "namespaceSelector": {"matchLabels": {TEST_POLICY_LABEL: namespace}},
+    }
+    core.patch_namespace(namespace, {"metadata": {"labels": {TEST_POLICY_LABEL: namespace}}})
+    doc["rules"] = [rule, *rules]
+    handle.write(yaml.safe_dump(doc, sort_keys=False))
+    try:
+        yield
+    finally:
+        handle.write(original)

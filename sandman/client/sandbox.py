@@ -354,7 +354,13 @@ class Sandbox:
                 if answer is None:
                     await asyncio.Event().wait()
                 if answer:
-                    self.timings.ready = time.monotonic()
+                    t = self.timings
+                    t.ready = time.monotonic()
+                    # The daemon answered before the watch showed the
+                    # container running: it started by now at the latest
+                    # (traces keep their start phase; it ends at ready).
+                    if t.started is None:
+                        t.started = t.ready
                     return
             await asyncio.sleep(DAEMON_POLL_S)
 

@@ -25,7 +25,7 @@ from sandman.harness.cluster.local import LocalCluster
 from sandman.harness.cluster.node import RealNode
 from sandman.harness.images.build import ImageBuilder
 from sandman.harness.kube import api_client, raw
-from sandman.harness.testing import free_port, wait_for
+from sandman.harness.testing import free_port, namespace_rule, wait_for
 from tests.e2e.test_sandbox import call, namespace_key
 
 REAL = {NODE_KIND_LABEL: "real"}
@@ -323,24 +323,39 @@ def _ready(core: CoreV1Api, ns: str, name: str) -> dict[str, Any] | None:
 
 
 def test_an_unreachable_registry_is_a_denial_that_says_so(
-    real_node: RealNode, core: CoreV1Api, namespace: str
+    real_node: RealNode, cluster: LocalCluster, core: CoreV1Api, namespace: str
 ) -> None:
-    image = f"127.0.0.1:{free_port()}/sandman/tiny:1"  # nobody listens there
+    registry = f"127.0.0.1:{free_port()}"  # nobody listens there
+    image = f"{registry}/sandman/tiny:1"
     pod = {
         "metadata": {"name": "lost", "labels": {LABEL_SANDBOX: "true"}},
         "spec": {"nodeSelector": REAL, "containers": [{"name": "main", "image": image}]},
     }
-    with pytest.raises(ApiException) as e:
-        core.create_namespaced_pod(namespace, pod)
-    assert e.value.status == 403
-    message = json.loads(e.value.body)["message"]
-    assert "[image-config]" in message and image in message, message
-    assert "could not be read from its registry" in message and "unreachable" in message
-    assert "fix: set `command`" in message
-    # with a command there is nothing to look up: what stops the same pod now
-    # is only the local policy's registry rule
-    pod["spec"]["containers"][0]["command"] = ["sleep", "1"]
-    with pytest.raises(ApiException) as e:
-        core.create_namespaced_pod(namespace, pod, dry_run="All")
-    message = json.loads(e.value.body)["message"]
+
+    def denial() -> str:
+        with pytest.raises(ApiException) as e:
+            core.create_namespaced_pod(namespace, pod, dry_run="All")
+        assert e.value.status == 403
+        return str(json.loads(e.value.body)["message"])
+
+    # Under the local policy the registry rule refuses the image before any
+    # lookup: admission never connects to a host the policy refuses.
+    message = denial()
     assert "[registry]" in message and "[image-config]" not in message, message
+
+    # A rule for this namespace that allows that registry: now the image's
+    # ENTRYPOINT must be read, and the registry cannot be reached.
+    def past_the_registry_rule() -> str | None:
+        m = denial()
+        return None if "[registry]" in m else m
+
+    with namespace_rule(cluster, core, namespace, allowedRegistries=[f"{registry}/*"]):
+        message = wait_for(
+            past_the_registry_rule, timeout=30, what="the namespace's own rule in force"
+        )
+        assert "[image-config]" in message and image in message, message
+        assert "could not be read from its registry" in message and "unreachable" in message
+        assert "fix: set `command`" in message
+        # with a command there is nothing to look up: the pod is admitted
+        pod["spec"]["containers"][0]["command"] = ["sleep", "1"]
+        core.create_namespaced_pod(namespace, pod, dry_run="All")

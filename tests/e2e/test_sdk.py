@@ -113,7 +113,11 @@ async def test_swe_style_flow(sdk: SandmanClient, images: dict[str, str]) -> Non
 async def test_missing_image_fails_fast_and_not_retryable(sdk: SandmanClient) -> None:
     t0 = time.monotonic()
     with pytest.raises(SandboxStartError) as e:
-        await Sandbox.create(sdk, "127.0.0.1:5000/sandman/no-such-image:1", node_selector=REAL)
+        # With a command: nothing to look up at admission, so the pod is
+        # created and the kubelet's pull is what fails (without one, the
+        # webhook's ENTRYPOINT lookup denies it: tests/unit/webhook/test_imageconfig.py).
+        missing = "127.0.0.1:5000/sandman/no-such-image:1"
+        await Sandbox.create(sdk, missing, command=["sleep", "1"], node_selector=REAL)
     elapsed = time.monotonic() - t0
     assert e.value.reason == SandboxStartError.IMAGE_NOT_FOUND and e.value.retryable is False
     assert elapsed < 60, elapsed  # seconds, not the 300 s start timeout

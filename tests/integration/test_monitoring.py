@@ -124,7 +124,6 @@ async def kube(cluster: LocalCluster) -> AsyncIterator[KubeClient]:
 async def test_dashboard_and_alerts_name_only_metrics_the_components_export(
     cluster: LocalCluster, namespace: str, kube: KubeClient, reaper: int, tmp_path: Path
 ) -> None:
-    ports = cluster.config.ports
     # A daemon (the same code the sandbox image runs) that served one command.
     daemon = start_daemon(tmp_path)
     try:
@@ -187,10 +186,14 @@ async def test_dashboard_and_alerts_name_only_metrics_the_components_export(
         return text if ok else None
 
     reaper_text = wait_for(reaper_inventory, timeout=60, what="the reaper's inventory")
-    webhook_text = get(f"https://127.0.0.1:{ports.webhook}/metrics")
+    # Host processes or pods (in-cluster), wherever this cluster runs them.
+    deployment = cluster.deployment
+    assert deployment is not None
+    webhook_text = get(deployment.metrics_urls("webhook")[0])
+    extender_url = deployment.metrics_urls("extender")[0]
     extender_text = wait_for(
         lambda: (
-            (t := get(f"http://127.0.0.1:{ports.extender}/metrics"))
+            (t := get(extender_url))
             and "sandman_extender_placements_total{" in t
             and t
         ),

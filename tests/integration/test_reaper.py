@@ -85,6 +85,11 @@ def reapers(cluster: LocalCluster, namespace: str) -> Iterator[Any]:
             "--lease-duration=4s",
             "--renew-deadline=3s",
             "--retry-period=1s",
+            # No extension grace: a reaper on the host cannot resolve the
+            # in-cluster webhook Service's name, so its probe would call the
+            # webhook down and hold every lease (the grace has its own tests
+            # in test_keys_and_trust.py).
+            "--extension-grace=0",
             *extra,
         ]
         p = ReaperProc(
