@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
-import functools
 import json
 import os
 import ssl
@@ -43,6 +42,7 @@ from sandman.harness.cluster import reaper as reaper_proc
 from sandman.harness.cluster.config import ClusterConfig, KwokNodeShape, Ports, RealNodeConfig
 from sandman.harness.cluster.kwok_nodes import is_ready, kwok_node
 from sandman.harness.cluster.local import LocalCluster
+from sandman.harness.cluster.process import ManagedProcess
 from sandman.harness.kube import api_client, raw
 from sandman.harness.probes import insecure_context
 from sandman.harness.testing import free_port, real_node_reason_for_new_cluster, wait_for
@@ -131,6 +131,14 @@ class ScaleEnv:
     extender: CounterTracker = field(default_factory=CounterTracker)
     etcd_last: Sample = field(default_factory=dict)
     roles: dict[int, str] = field(default_factory=dict)  # the bench's processes (resolver)
+    # Read once: LocalCluster.processes() and .deployment compute the daemon
+    # image's content key, hashing source trees (~0.5 s of CPU a call); asked
+    # every few seconds by the sampler and the scrapes, that made the bench's
+    # main process the third biggest CPU user of a run.
+    procs: list[ManagedProcess] = field(default_factory=list)
+    deployment: Any = None
+    # One TLS context each for the whole run (a new one loads the CA store).
+    tls: dict[str, Any] = field(default_factory=dict)
     _scraper: threading.Thread | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _out_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -164,7 +172,7 @@ class ScaleEnv:
     def scrape(self) -> None:
         """One scrape of the apiserver, etcd and every webhook replica (errors skipped:
         a component being restarted by the chaos has no metrics for a moment)."""
-        creds = load_credentials(self.kubeconfig)
+        creds = self.tls["apiserver"]
         text = _get(f"{creds.server}/metrics", creds.ssl)
         if text is not None:
             self.apiserver.add(parse_prometheus(text, APISERVER_SERIES))
@@ -173,7 +181,7 @@ class ScaleEnv:
             self.etcd_last = parse_prometheus(text, ETCD_SERIES)
         url = self._scheduler_metrics_url()
         if url is not None:
-            text = _get(url, _client_cert_context(self.kubeconfig))
+            text = _get(url, self.tls["client-cert"])
             if text is not None:
                 sample = parse_prometheus(text, SCHEDULER_SERIES)
                 self.scheduler.add(
@@ -184,7 +192,7 @@ class ScaleEnv:
                         or ("extension_point", "Bind") in k[1]
                     }
                 )
-        dep = self.cluster.deployment
+        dep = self.deployment
         if dep is None:
             return
         for comp, series, tracker in (
@@ -197,7 +205,7 @@ class ScaleEnv:
             except Exception:
                 continue
             for url in urls:
-                text = _get(url, insecure_context())
+                text = _get(url, self.tls["insecure"])
                 for k, v in parse_prometheus(text or "", series).items():
                     # One series per replica: the URL keeps them apart.
                     merged[(k[0], k[1] | {("instance", url)})] = v
@@ -226,7 +234,7 @@ class ScaleEnv:
 
     def _scheduler_metrics_url(self) -> str | None:
         """sandman-scheduler's /metrics as a host process (in-cluster: not scraped)."""
-        for p in self.cluster.processes():
+        for p in self.procs:
             if p.name == "sandman-scheduler":
                 port = next(
                     (a.split("=", 1)[1] for a in p.argv if a.startswith("--secure-port=")), None
@@ -262,7 +270,6 @@ class ScaleEnv:
             self.cluster.down(purge=not keep)
 
 
-@functools.cache
 def _client_cert_context(kubeconfig: Path) -> ssl.SSLContext:
     """The kubeconfig's client certificate, the peer's not verified: for the
     schedulers' /metrics (self-signed serving certificates, delegated authn)."""
@@ -327,7 +334,9 @@ def add_nodes(core: CoreV1Api, count: int, per_node: int, tag: str) -> list[str]
     return names
 
 
-def resolver(cluster: LocalCluster, reapers: Reapers, roles: dict[int, str]) -> Any:
+def resolver(
+    cluster: LocalCluster, procs: list[ManagedProcess], reapers: Reapers, roles: dict[int, str]
+) -> Any:
     """component -> its processes on this host, in either deployment mode.
     ``roles`` names the bench's own processes (pid -> bench-clients, ...) as
     the bench starts them; the rest of the bench is bench-main."""
@@ -346,7 +355,7 @@ def resolver(cluster: LocalCluster, reapers: Reapers, roles: dict[int, str]) -> 
     def resolve() -> dict[str, list[int]]:
         out: dict[str, list[int]] = {}
         cluster_pids: set[int] = set()
-        for p in cluster.processes():
+        for p in procs:
             comp = host.get(p.name)
             pid = p.running_pid()
             if pid is not None:
@@ -416,7 +425,8 @@ def open_env(
         watch = WatchProcess(cluster.kubeconfig, namespace, run_dir / "watch.jsonl")
         watch.start()
         roles: dict[int, str] = {}
-        sampler = Sampler(resolver(cluster, reapers, roles))
+        procs = cluster.processes()
+        sampler = Sampler(resolver(cluster, procs, reapers, roles))
         sampler.start()
         env = ScaleEnv(
             cluster=cluster,
@@ -429,6 +439,13 @@ def open_env(
             sampler=sampler,
             bench_out=open(run_dir / "bench.jsonl", "a"),  # noqa: SIM115 (closed by close())
             roles=roles,
+            procs=procs,
+            deployment=cluster.deployment,
+            tls={
+                "apiserver": load_credentials(cluster.kubeconfig),
+                "insecure": insecure_context(),
+                "client-cert": _client_cert_context(cluster.kubeconfig),
+            },
         )
         env.name_processes("bench-watch", [watch.proc.pid])
         env.start_scraping()
