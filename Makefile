@@ -53,10 +53,18 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-# Every tier this machine supports; the summary says which tier it skipped and why.
-# pytest's exit code is kept as is, so "no tests collected" (5) fails the target.
+# Every tier, in two pytest sessions with a cluster each: unit + integration on
+# kwok nodes with Sandman's components as host processes (no real node: quick,
+# and the tests there drive components directly), then e2e on the real node
+# with Sandman installed in-cluster from its manifests (the path users take).
+# Both run even if the first fails; any failure, or "no tests collected" (5),
+# fails the target. Single files: run .venv/bin/pytest PATH directly.
 test: venv lint build-kube
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	@status=0; \
+	SANDMAN_TEST_REAL_NODE=0 SANDMAN_TEST_HOST_COMPONENTS=1 \
+	  $(VENV)/bin/pytest -m "unit or integration" $(PYTEST_ARGS) || status=$$?; \
+	$(VENV)/bin/pytest -m e2e $(PYTEST_ARGS) || status=$$?; \
+	exit $$status
 
 test-unit: venv
 	$(VENV)/bin/pytest -m unit $(PYTEST_ARGS)
