@@ -149,20 +149,31 @@ async def _bench(
             # Warm-up (not counted): the daemon image on the node, the
             # webhook's image cache, the namespace key in the client.
             await wait_delivery(client, image, delivery)
-            await _round(client, node, image, [f"warm-{secrets.token_hex(2)}"], True)
+            _, errs = await _round(client, node, image, [f"warm-{secrets.token_hex(2)}"], True)
+            if errs:
+                raise RuntimeError(f"the warm-up sandbox did not start: {errs[0]}")
             for level in (int(x) for x in args.levels.split(",")):
                 await _quiet(args.max_load)
                 load0 = os.getloadavg()
                 rows: dict[str, list[dict[str, float | None]]] = {sig: [] for sig in signals}
+                failed: dict[str, list[str]] = {sig: [] for sig in signals}
                 repeats = args.runs if level == 1 else args.rounds
                 for r in range(repeats):
                     for sig in signals:  # interleaved: both see the same machine
                         names = [f"l{level}-r{r}-{sig[0]}{i}" for i in range(level)]
-                        rows[sig] += await _round(client, node, image, names, sig == "daemon")
+                        got, errs = await _round(client, node, image, names, sig == "daemon")
+                        rows[sig] += got
+                        failed[sig] += errs
                 load1 = os.getloadavg()
                 for sig in signals:
                     doc = {
                         "samples": len(rows[sig]),
+                        # Starts that failed (not in the figures), by reason:
+                        # on a saturated machine admission can time out.
+                        "failed": failed[sig],
+                        # Starts with every instant found: their phases add
+                        # up to the total exactly (consecutive by design).
+                        "complete": sum(all(v is not None for v in r.values()) for r in rows[sig]),
                         "p50_ms": trace.summary(rows[sig], 50),
                         "p90_ms": trace.summary(rows[sig], 90),
                         "max_ms": trace.summary(rows[sig], 100),
@@ -171,7 +182,9 @@ async def _bench(
                     out[f"{delivery}/{sig}"][str(level)] = doc
                     print(
                         f"[{delivery}/{sig}] {level} at once: create -> first command p50 "
-                        f"{doc['p50_ms']['total']} ms (load {load0[0]:.1f} -> {load1[0]:.1f})",
+                        f"{doc['p50_ms']['total']} ms (load {load0[0]:.1f} -> {load1[0]:.1f}; "
+                        f"{len(failed[sig])} failed); p50 by phase (ms): "
+                        + ", ".join(f"{k} {v}" for k, v in doc["p50_ms"].items() if k != "total"),
                         flush=True,
                     )
         finally:
@@ -208,36 +221,72 @@ async def wait_delivery(client: SandmanClient, image: str, delivery: str) -> Non
 
 async def _round(
     client: SandmanClient, node: RealNode, image: str, names: list[str], ask_daemon: bool
-) -> list[dict[str, float | None]]:
-    """Create ``names`` at once; each one's trace as phases."""
+) -> tuple[list[dict[str, float | None]], list[str]]:
+    """Create ``names`` at once; the phases of each start that succeeded, and
+    the reasons of those that failed."""
     ns = client.namespace
     log = node.layout.logs / "containerd.log"
     offset = log.stat().st_size if log.exists() else 0
     traces = {n: trace.PodTrace(n) for n in names}
+    cpu0 = node_cpu(node)
     _, rv = await list_all(client.kube, PODS, ns)
     watching = asyncio.create_task(_watch(client, ns, rv, traces))
     sandboxes: list[Sandbox] = []
     try:
-        await asyncio.gather(
-            *(_one(client, image, traces[n], sandboxes, ask_daemon) for n in names)
+        outcomes = await asyncio.gather(
+            *(_one(client, image, traces[n], sandboxes, ask_daemon) for n in names),
+            return_exceptions=True,
         )
     finally:
         watching.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watching
+    # CPU-seconds the round cost the node, per start (load-independent,
+    # unlike the wall-clock phases): pods' cgroups and the node's daemons.
+    cpu = {k: (v - cpu0[k]) / len(names) for k, v in node_cpu(node).items()}
     try:
         with open(log, errors="replace") as f:
             f.seek(offset)
             cri = trace.containerd_times(f, {t.uid for t in traces.values()})
-        rows = []
-        for t in traces.values():
+        rows, errors = [], []
+        for t, outcome in zip(traces.values(), outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                if not isinstance(outcome, Exception):
+                    raise outcome
+                errors.append(f"{t.name}: {type(outcome).__name__}: {outcome}"[:300])
+                continue
             t.cri = cri.get(t.uid)
             _runtime_times(node, t, ns)
-            rows.append(trace.phases(t, init=INIT, main=MAIN))
-        return rows
+            rows.append({**trace.phases(t, init=INIT, main=MAIN), **cpu})
+        return rows, errors
     finally:
         await asyncio.gather(*(sb.release() for sb in sandboxes), return_exceptions=True)
+        # A start that failed may have left its pod behind.
+        made = {sb.name for sb in sandboxes}
+        await asyncio.gather(
+            *(client.kube.delete(PODS, n, ns) for n in names if n not in made),
+            return_exceptions=True,
+        )
         await _gone(client, ns, names)
+
+
+def node_cpu(node: RealNode) -> dict[str, float]:
+    """CPU-seconds used so far by the node's pods (the kubepods cgroup:
+    sandboxes, their shims' children, Sandman's in-cluster components,
+    CoreDNS) and by its kubelet and containerd processes."""
+    root = Path("/sys/fs/cgroup/cpuacct") / node.node.cgroup_root.strip("/") / "kubepods"
+    out = {"cpu_pods": 0.0, "cpu_kubelet_containerd": 0.0}
+    with contextlib.suppress(OSError, ValueError):
+        out["cpu_pods"] = int((root / "cpuacct.usage").read_text()) / 1e9
+    tick = os.sysconf("SC_CLK_TCK")
+    for proc in node.processes():
+        if proc.name not in ("kubelet", "containerd"):
+            continue
+        pid = proc.running_pid()
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            out["cpu_kubelet_containerd"] += (int(fields[11]) + int(fields[12])) / tick
+    return out
 
 
 async def _one(
@@ -326,4 +375,6 @@ def markdown(results: dict[str, Any]) -> str:
                 rows.append((f"{case} x{level} p50 {k} (ms)", v))
             rows.append((f"{case} x{level} p90 total (ms)", doc["p90_ms"]["total"]))
             rows.append((f"{case} x{level} load avg", doc["load_avg"]))
+            rows.append((f"{case} x{level} starts (ok / failed)",
+                         f"{doc['samples']} / {len(doc.get('failed') or [])}"))  # fmt: skip
     return table("pod start: create -> first command", rows)
