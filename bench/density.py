@@ -121,12 +121,12 @@ async def _fill(
                 for g in got:
                     if isinstance(g, Sandbox):
                         made.append(g)
-                    elif isinstance(g, SandboxStartError) and g.reason in FULL:
-                        stopped = stopped or f"{g.reason}: {g.message}"
-                    elif isinstance(g, SandboxStartError) and len(retried) < MAX_RETRIES:
-                        # Not the node filling up (an admission call that timed
-                        # out on the loaded machine): counted, and tried again.
-                        retried.append(f"{g.reason}: {g.message}"[:300])
+                        continue
+                    what = failure_action(g, len(retried))
+                    if what == "full":
+                        stopped = stopped or f"{g.reason}: {g.message}"  # type: ignore[union-attr]
+                    elif what == "retry":
+                        retried.append(f"{g.reason}: {g.message}"[:300])  # type: ignore[union-attr]
                     else:
                         raise g  # type: ignore[misc]
             fill_s = time.monotonic() - t0
@@ -179,6 +179,18 @@ async def _fill(
             with contextlib.suppress(Exception):
                 await _gone(kube, ns)
             await kube.delete(NAMESPACES, ns)
+
+
+def failure_action(err: BaseException, retried: int) -> str:
+    """What a failed start means for the fill: ``full`` (the node holds no
+    more: stop and say why), ``retry`` (not the node filling up, e.g. an
+    admission call that timed out on a loaded machine: counted, tried again,
+    at most MAX_RETRIES times in all) or ``raise``."""
+    if not isinstance(err, SandboxStartError):
+        return "raise"
+    if err.reason in FULL:
+        return "full"
+    return "retry" if retried < MAX_RETRIES else "raise"
 
 
 async def _create(client: SandmanClient, image: str, name: str) -> Sandbox:

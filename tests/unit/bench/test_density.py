@@ -28,3 +28,17 @@ def test_working_set_is_usage_minus_inactive_file_pages() -> None:
 
 def test_working_set_never_goes_below_zero() -> None:
     assert pod_figures(100, {"total_inactive_file": 4096})["working_set"] == 0
+
+
+def test_only_a_full_node_ends_the_fill_and_retries_are_bounded() -> None:
+    from sandman.bench.density import MAX_RETRIES, failure_action
+    from sandman.client import SandboxStartError
+
+    def err(reason: str) -> SandboxStartError:
+        return SandboxStartError(reason, "x", retryable=True)
+
+    assert failure_action(err(SandboxStartError.UNSCHEDULABLE), 0) == "full"
+    assert failure_action(err(SandboxStartError.ADMISSION_UNAVAILABLE), 0) == "retry"
+    assert failure_action(err(SandboxStartError.TIMEOUT), MAX_RETRIES - 1) == "retry"
+    assert failure_action(err(SandboxStartError.TIMEOUT), MAX_RETRIES) == "raise"
+    assert failure_action(RuntimeError("bug"), 0) == "raise"
