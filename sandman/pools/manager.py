@@ -446,7 +446,12 @@ class PoolManager:
             if e.status not in (409, 422):
                 raise
             self.stats.scale_conflicts += 1
-            p.rs = await self.kube.get(REPLICASETS, replicaset_name(pool), self.namespace)
+            try:
+                p.rs = await self.kube.get(REPLICASETS, replicaset_name(pool), self.namespace)
+            except ApiError as again:
+                if again.not_found:  # deleted between the write and the re-read
+                    return False
+                raise
             p.replicas = int(p.rs["spec"]["replicas"])
             return False
         p.replicas = int(p.rs["spec"]["replicas"])
