@@ -192,11 +192,7 @@ async def test_dashboard_and_alerts_name_only_metrics_the_components_export(
     webhook_text = get(deployment.metrics_urls("webhook")[0])
     extender_url = deployment.metrics_urls("extender")[0]
     extender_text = wait_for(
-        lambda: (
-            (t := get(extender_url))
-            and "sandman_extender_placements_total{" in t
-            and t
-        ),
+        lambda: (t := get(extender_url)) and "sandman_extender_placements_total{" in t and t,
         timeout=30,
         what="an extender placement",
     )
