@@ -53,6 +53,7 @@ from sandman.bench.scale_report import (
 from sandman.bench.scale_watch import Tail
 
 POLL_S = 1.0
+HOLD_POLL_S = 5.0  # how often the hold counts the held sandboxes
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -189,12 +190,14 @@ def held_phase(env: ScaleEnv, args: argparse.Namespace, tail: Tail) -> dict[str,
     current = {r.name: r.lease_end or 0.0 for r in ledger.sandboxes() if held(r)}
     final = {
         n: max(end, math.ceil(current.get(n, 0.0)))
-        for n, end in final_ends(names, hold_end, window).items()
+        # From a poll after the hold's end: the held count is taken at the
+        # first poll past it (HOLD_POLL_S), before any planned end.
+        for n, end in final_ends(names, hold_end + 2 * HOLD_POLL_S, window).items()
     }
     keeper.set_final(final)
     alive_min = len(names)
     while time.time() < hold_end:
-        time.sleep(5)
+        time.sleep(HOLD_POLL_S)
         ledger = tail.read()
         alive = ledger.count(lambda r: held(r) and r.ready_at and r.deleting_at is None)
         alive_min = min(alive_min, alive)
