@@ -26,8 +26,11 @@ from sandman.cli.main import COMMANDS, build_parser
 # cobra's ShellCompDirective values (the format kubectl plugins answer in).
 DEFAULT = 0  # no candidate: let the shell complete file names
 NO_FILES = 4
-# A completion must not hang the shell: cluster look-ups give up after this.
-LOOKUP_TIMEOUT_S = 2.0
+# A completion must not hang the shell: cluster look-ups give up after this
+# (5 s: a TLS handshake plus one list on a busy apiserver; the environment
+# variable raises it for slow links).
+LOOKUP_TIMEOUT_S = 5.0
+LOOKUP_TIMEOUT_ENV = "SANDMAN_COMPLETION_TIMEOUT"
 # Positionals completed with names from the cluster, by argparse dest (and
 # the pool verbs whose NAME is an existing pool).
 POD_ARGS = frozenset({"pod", "src", "dst"})
@@ -191,7 +194,7 @@ def _values(
         if copy and (cur.startswith(("/", ".", "~")) or ":" in cur):
             return [], DEFAULT  # a local path, or a path inside the pod
         try:
-            names = asyncio.run(asyncio.wait_for(_lookup(kind, seen), LOOKUP_TIMEOUT_S))
+            names = asyncio.run(asyncio.wait_for(_lookup(kind, seen), _lookup_timeout()))
         except Exception:  # a completion never fails loudly
             names = []
         found = sorted(n for n in names if n.startswith(cur))
@@ -215,6 +218,15 @@ def _contexts(seen: dict[str, str], cur: str) -> list[str]:
     except Exception:
         return []
     return sorted(n for n in names if n.startswith(cur))
+
+
+def _lookup_timeout() -> float:
+    import os
+
+    try:
+        return max(0.1, float(os.environ.get(LOOKUP_TIMEOUT_ENV) or LOOKUP_TIMEOUT_S))
+    except ValueError:
+        return LOOKUP_TIMEOUT_S
 
 
 async def _lookup(dest: str, seen: dict[str, str]) -> list[str]:
