@@ -22,8 +22,9 @@ venv: $(VENV)/.installed
 build-kube: venv
 	$(SANDMAN) cluster build
 
-# The in-sandbox daemon as one static executable (design section 3); the build
-# is cached in ~/.cache/sandman/daemon and redone only when daemon/ changes.
+# The in-sandbox daemon's runtime tree (its own Python 3.11 and the daemon's
+# bytecode; docs/performance.md); the build is cached in ~/.cache/sandman/daemon
+# and redone only when daemon/ changes.
 daemon: venv
 	$(VENV)/bin/python -m sandman.harness.images.daemon_binary --out dist/sandmand
 
