@@ -117,7 +117,11 @@ async def test_ca_rotation_under_load_fails_no_admission(
                 "generateName": "rot-",
                 "labels": {LABEL_SANDBOX: "true", "rotation-test": selected_as},
             },
-            "spec": on_kwok({"containers": [{"name": "c", "image": KWOK_IMAGE}]}),
+            # A command: nothing to look up in a registry (this session may
+            # have none; what is tested is the webhook's TLS rotation).
+            "spec": on_kwok(
+                {"containers": [{"name": "c", "image": KWOK_IMAGE, "command": ["sleep", "1"]}]}
+            ),
         }
 
     def through_our_webhook(selected_as: str) -> bool:
