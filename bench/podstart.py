@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import copy
 import json
 import os
 import secrets
@@ -31,8 +30,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from sandman.bench import podstart_trace as trace
 from sandman.bench.report import table
 from sandman.client import Sandbox, SandmanClient
@@ -40,7 +37,7 @@ from sandman.contract import LABEL_BENCH, LABEL_NODE_KIND
 from sandman.harness.cluster.local import LocalCluster
 from sandman.harness.cluster.node import RealNode
 from sandman.harness.images.build import ImageBuilder
-from sandman.harness.testing import bench_bed
+from sandman.harness.testing import bench_bed, policy_rule
 from sandman.kube_async import NAMESPACES, PODS, ApiError, KubeClient, list_all
 
 REAL = {LABEL_NODE_KIND: "real"}
@@ -106,25 +103,8 @@ def delivery_policy(cluster: LocalCluster, delivery: str) -> Iterator[dict[str, 
         return
     if delivery != "shared":
         raise SystemExit(f"--delivery: copy or shared, not {delivery!r}")
-    deployment = cluster.deployment
-    assert deployment is not None, "the cluster runs Sandman's webhook"
-    path = deployment.policy_file
-    original = path.read_text()
-    doc = yaml.safe_load(original)
-    rules = doc.get("rules") or []
-    base = next((r for r in rules if "namespaceSelector" not in r), rules[-1] if rules else {})
-    rule = copy.deepcopy(base)
-    rule.update(
-        name=SHARED_RULE,
-        namespaceSelector={"matchLabels": {POLICY_LABEL: SHARED_RULE}},
-        daemonDelivery="shared",
-    )
-    doc["rules"] = [rule, *rules]
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    try:
+    with policy_rule(cluster, SHARED_RULE, {POLICY_LABEL: SHARED_RULE}, daemonDelivery="shared"):
         yield {POLICY_LABEL: SHARED_RULE}
-    finally:
-        path.write_text(original)
 
 
 async def _bench(

@@ -243,15 +243,15 @@ TEST_POLICY_LABEL = PREFIX + "test-policy"
 
 
 @contextlib.contextmanager
-def namespace_rule(
-    cluster: LocalCluster, core: CoreV1Api, namespace: str, **fields: Any
+def policy_rule(
+    cluster: LocalCluster, name: str, selector: dict[str, str], **fields: Any
 ) -> Iterator[None]:
-    """Govern ``namespace`` by a rule of its own for the block: a copy of the
-    cluster's default rule (the one without a namespaceSelector) with
-    ``fields`` replaced, selected by a label put on the namespace. The policy
-    is restored after; writes return once every webhook enforces them."""
+    """Prepend, for the block, a rule governing namespaces labelled
+    ``selector``: a copy of the cluster's default rule (the one without a
+    namespaceSelector) with ``fields`` replaced. The policy is restored after;
+    writes return once every webhook enforces them."""
     deployment = cluster.deployment
-    assert deployment is not None, "the test cluster runs Sandman's webhook"
+    assert deployment is not None, "the cluster runs Sandman's webhook"
     handle = deployment.policy
     original = handle.read()
     doc = yaml.safe_load(original)
@@ -260,13 +260,23 @@ def namespace_rule(
     rule = {
         **copy.deepcopy(base),
         **fields,
-        "name": f"test-{namespace}"[:63],
-        "namespaceSelector": {"matchLabels": {TEST_POLICY_LABEL: namespace}},
+        "name": name,
+        "namespaceSelector": {"matchLabels": selector},
     }
-    core.patch_namespace(namespace, {"metadata": {"labels": {TEST_POLICY_LABEL: namespace}}})
     doc["rules"] = [rule, *rules]
     handle.write(yaml.safe_dump(doc, sort_keys=False))
     try:
         yield
     finally:
         handle.write(original)
+
+
+@contextlib.contextmanager
+def namespace_rule(
+    cluster: LocalCluster, core: CoreV1Api, namespace: str, **fields: Any
+) -> Iterator[None]:
+    """Govern ``namespace`` by a rule of its own for the block (``policy_rule``
+    selecting a label put on the namespace)."""
+    core.patch_namespace(namespace, {"metadata": {"labels": {TEST_POLICY_LABEL: namespace}}})
+    with policy_rule(cluster, f"test-{namespace}"[:63], {TEST_POLICY_LABEL: namespace}, **fields):
+        yield

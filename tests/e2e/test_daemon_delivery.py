@@ -11,17 +11,13 @@
 from __future__ import annotations
 
 import contextlib
-import copy
 import hashlib
 import shutil
 import stat
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes.client import CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
@@ -30,7 +26,7 @@ from sandman.contract import DAEMON_ARGV, LABEL_ID, LABEL_NODE_KIND, LABEL_SANDB
 from sandman.harness.cluster.local import LocalCluster
 from sandman.harness.cluster.node import RealNode
 from sandman.harness.kube import raw
-from sandman.harness.testing import wait_for, wait_ready
+from sandman.harness.testing import policy_rule, wait_for, wait_ready
 from sandman.webhook.mutate import DEFAULT_SHARED_DIR
 from tests.e2e.test_sandbox import call, namespace_key
 
@@ -100,29 +96,12 @@ def test_copied_tree_runs_the_daemon_as_pid1_in_any_image(
 
 
 # -- the shared delivery -----------------------------------------------------------
-@contextmanager
-def shared_policy(cluster: LocalCluster) -> Iterator[None]:
-    """Prepend a rule choosing the shared delivery for labelled namespaces (a
-    copy of the cluster's default rule otherwise); the file is restored after."""
-    deployment = cluster.deployment
-    assert deployment is not None, "the test cluster runs Sandman's webhook"
-    path = deployment.policy_file
-    original = path.read_text()
-    doc = yaml.safe_load(original)
-    rules = doc.get("rules") or []
-    base = next((r for r in rules if "namespaceSelector" not in r), rules[-1] if rules else {})
-    rule = copy.deepcopy(base)
-    rule.update(
-        name=SHARED_RULE,
-        namespaceSelector={"matchLabels": {POLICY_LABEL: "shared-daemon"}},
-        daemonDelivery="shared",
+def shared_policy(cluster: LocalCluster) -> contextlib.AbstractContextManager[None]:
+    """A rule choosing the shared delivery for labelled namespaces (a copy of
+    the cluster's default rule otherwise), prepended for the block."""
+    return policy_rule(
+        cluster, SHARED_RULE, {POLICY_LABEL: "shared-daemon"}, daemonDelivery="shared"
     )
-    doc["rules"] = [rule, *rules]
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    try:
-        yield
-    finally:
-        path.write_text(original)
 
 
 def _dry_run_is_shared(core: CoreV1Api, namespace: str, image: str) -> bool:
