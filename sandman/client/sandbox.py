@@ -294,11 +294,27 @@ class Sandbox:
                 pod=self.name,
             ) from None
 
+    async def wait_pod(
+        self, until: Callable[[dict[str, Any]], bool], timeout_s: float = 30.0
+    ) -> dict[str, Any]:
+        """The pod once ``until(pod)`` holds, from the shared pod watch.
+
+        The daemon can answer before the kubelet reports the container
+        running, so a caller that needs status fields (``imageID``,
+        ``startedAt``) waits here for them. TimeoutError after ``timeout_s``.
+        """
+        async with asyncio.timeout(timeout_s):
+            await self._watch_until(until)
+        return self.pod
+
     async def _watch_until_ready(self, t0: float, grace: dt.timedelta) -> None:
+        await self._watch_until(lambda pod: self._observe(pod, t0, grace))
+
+    async def _watch_until(self, done: Callable[[dict[str, Any]], bool]) -> None:
         async with self.client.pod_watch.follow(self.namespace, self.name) as events:
             # MUST read after following: a change between the two would be lost.
             await self._reread()
-            if self._observe(self.pod, t0, grace):
+            if done(self.pod):
                 return
             while True:
                 kind, obj = await events.get()
@@ -312,7 +328,7 @@ class Sandbox:
                     self._gone()
                 else:
                     self.pod = obj
-                if self._observe(self.pod, t0, grace):
+                if done(self.pod):
                     return
 
     async def _reread(self) -> None:

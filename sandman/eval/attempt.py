@@ -8,6 +8,7 @@ happened: an eval sandbox is used once.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import time
@@ -40,6 +41,9 @@ TAIL_CHARS = 2000  # of the deciding command's output, in the result line
 # The lease of an eval sandbox: its start, its task's timeout, and this much
 # for checks and release; the reaper reclaims it if the runner dies.
 LEASE_MARGIN_S = 300
+# How long the kubelet may take to report a running container's status after
+# its daemon answered (a relist period plus a status sync, with margin).
+STATUS_TIMEOUT_S = 30.0
 
 # The SDK's start timings (Sandbox.timings), as parts of the `start` phase.
 SANDBOX_PHASES = {
@@ -179,8 +183,10 @@ class Runner:
 
     async def _check(self, a: Attempt, sb: Sandbox, pin: Pin) -> None:
         assert pin.digest is not None
-        # The pod as it is now (the watch that saw it Ready may predate status fields).
-        sb.pod = await self.s.client.kube.get(PODS, sb.name, sb.namespace)
+        # The daemon may answer before the kubelet reports the container
+        # running: wait for the status that names the image the node ran.
+        with contextlib.suppress(TimeoutError):  # check_pod names what is missing
+            await sb.wait_pod(conditions.status_reported, STATUS_TIMEOUT_S)
         a.conditions = conditions.record(sb.pod, a.task)
         a.conditions["image"] = pin.image
         a.conditions["image_digest"] = pin.digest

@@ -77,6 +77,11 @@ def _target_status(pod: Mapping[str, Any]) -> dict[str, Any]:
     return {}
 
 
+def status_reported(pod: Mapping[str, Any]) -> bool:
+    """The kubelet has reported the target container started (its imageID)."""
+    return bool(_target_status(pod).get("imageID"))
+
+
 def check_pod(pod: Mapping[str, Any], *, digest: str, profile: str = PROFILE) -> list[str]:
     """Every controlled condition the started pod does not meet (empty: all met)."""
     problems = []

@@ -51,6 +51,16 @@ def test_a_pod_that_meets_every_condition() -> None:
     assert rec["node_selector"] == {"sandman.dev/node-kind": "real"}
 
 
+def test_a_started_container_is_reported_once_the_kubelet_names_its_image() -> None:
+    pod = started_pod()
+    assert conditions.status_reported(pod)
+    # The daemon answered; the kubelet's status has not caught up yet.
+    pod["status"]["containerStatuses"] = [{"name": "main", "imageID": ""}]
+    assert not conditions.status_reported(pod)
+    del pod["status"]["containerStatuses"]
+    assert not conditions.status_reported(pod)
+
+
 def test_each_unmet_condition_is_named() -> None:
     pod = started_pod()
     pod["status"]["qosClass"] = "Burstable"
