@@ -247,6 +247,13 @@ class HttpTransport:
                     data=body,
                     headers={**(await self.kube.auth_headers()), **headers},
                     timeout=client_timeout,
+                    # Chunked, not Content-Length: the apiserver's proxy (Go's
+                    # ReverseProxy) re-reads a Content-Length body after sending
+                    # it; when the daemon answers first, the Go server has closed
+                    # that body, the read fails and the proxy cuts the answer
+                    # mid-stream (golang/go#40747, seen under load). A chunked
+                    # body ends only when the proxy has read all of it.
+                    chunked=True if body else None,
                     **self.kube.request_options(),
                 )
         except (aiohttp.ClientError, OSError) as e:
