@@ -20,6 +20,7 @@ BENCHMARKS = {
     "gvisor": "sandman.bench.gvisor",
     "controller": "sandman.bench.controller",
     "podstart": "sandman.bench.podstart",
+    "claim": "sandman.bench.claim",
     "density": "sandman.bench.density",
     "scale": "sandman.bench.scale",
     "memory": "sandman.bench.scale_memory",

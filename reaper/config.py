@@ -6,8 +6,10 @@ import argparse
 import datetime as dt
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sandman.contract import NAMESPACE, parse_duration
 from sandman.leader import LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD
@@ -53,9 +55,14 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         help="only reclaim sandboxes in this namespace (default: all)",
     )
     p.add_argument("--dry-run", action="store_true", help="Events, logs and metrics; no deletes")
-    p.add_argument("--delete-qps", type=float, default=ReaperOptions.delete_qps)
-    p.add_argument("--delete-burst", type=int, default=ReaperOptions.delete_burst)
-    p.add_argument("--workers", type=int, default=ReaperOptions.workers)
+    p.add_argument("--delete-qps", type=_positive(float), default=ReaperOptions.delete_qps)
+    p.add_argument("--delete-burst", type=_positive(int), default=ReaperOptions.delete_burst)
+    p.add_argument(
+        "--workers",
+        type=_positive(int),
+        default=ReaperOptions.workers,
+        help="reclaims in flight at once (default %(default)s); --delete-qps caps the rate",
+    )
     p.add_argument("--stuck-pending", default="10m", help="Pending longer than this is stuck")
     p.add_argument("--stuck-failing", default="2m", help="pull errors / crash loops for this long")
     p.add_argument("--stuck-not-ready", default="15m", help="never Ready for this long")
@@ -71,6 +78,21 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         default="2m",
         help="hold leases that end during a webhook outage until it is back this long (0: off)",
     )
+
+
+def _positive(kind: Callable[[str], float]) -> Callable[[str], Any]:
+    """An argparse type: ``kind`` above zero (0 workers or a 0 rate reclaims nothing)."""
+
+    def parse(value: str) -> Any:
+        try:
+            v = kind(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+        if v <= 0:
+            raise argparse.ArgumentTypeError(f"must be above 0, got {value}")
+        return v
+
+    return parse
 
 
 def _d(value: str) -> dt.timedelta:
