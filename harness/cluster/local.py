@@ -93,6 +93,7 @@ class LocalCluster:
         self.layout = comp.Layout(config.state_dir)
         self._binaries = binaries
         self._progress = progress
+        self._daemon_image: str | None = None
 
     @classmethod
     def at(cls, state_dir: Path, progress: Progress = _stderr) -> LocalCluster:
@@ -171,9 +172,16 @@ class LocalCluster:
         return None
 
     def daemon_image(self) -> str:
-        """The daemon image reference the webhook injects (content-keyed tag)."""
-        registry = self.config.real_node.registry
-        return image_ref("daemon", registry, self.config.cache_dir, version="dev")
+        """The daemon image reference the webhook injects (content-keyed tag).
+
+        Computed once per instance: the key hashes the daemon's sources, and
+        long-running callers (the scale bench's samplers) asked for it every
+        few seconds through ``processes()``/``deployment`` (docs/scale.md).
+        """
+        if self._daemon_image is None:
+            registry = self.config.real_node.registry
+            self._daemon_image = image_ref("daemon", registry, self.config.cache_dir, version="dev")
+        return self._daemon_image
 
     def _control_plane(self) -> list[ManagedProcess]:
         lay, bins, cfg = self.layout, self.binaries, self.config
