@@ -30,8 +30,7 @@ from typing import Any
 from sandman.bench.report import percentile, table
 from sandman.client import Sandbox, SandmanClient, startup
 from sandman.contract import LABEL_NODE_KIND
-from sandman.harness.images.build import ImageBuilder
-from sandman.harness.testing import bench_bed
+from sandman.harness.testing import real_node_bench
 from sandman.kube_async import NAMESPACES, PODS, REPLICASETS, list_all
 from sandman.pools.claim import claim
 from sandman.pools.spec import PoolSpec, pool_selector
@@ -56,16 +55,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     levels = [int(x) for x in args.levels.split(",") if x]
     if any(n < 1 or n > args.pool_size for n in levels):
         raise SystemExit(f"--levels: each between 1 and --pool-size ({args.pool_size})")
-    bed = bench_bed(need_real_node=True)
-    try:
-        cluster = bed.cluster
-        node = cluster.real_node
-        assert node is not None
-        ref = ImageBuilder(cluster.config.cache_dir).build_and_push(args.image, node.registry).ref
-        node.crictl("pull", ref)  # cached-image starts only: the claim is what is measured
+    with real_node_bench(args.image) as (cluster, _node, ref):
         results = asyncio.run(_bench(args, cluster.kubeconfig, ref, levels))
-    finally:
-        bed.close()
     results["image"] = ref
     print(
         table(

@@ -39,8 +39,7 @@ from sandman.client import Sandbox, SandboxStartError, SandmanClient
 from sandman.contract import LABEL_BENCH
 from sandman.harness.cluster.local import LocalCluster
 from sandman.harness.cluster.node import RealNode
-from sandman.harness.images.build import ImageBuilder
-from sandman.harness.testing import bench_bed
+from sandman.harness.testing import real_node_bench
 from sandman.kube_async import NAMESPACES, NODES, PODS, KubeClient, list_all
 from sandman.quantity import parse_quantity
 
@@ -63,21 +62,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    bed = bench_bed(need_real_node=True)
-    try:
-        cluster = bed.cluster
-        node = cluster.real_node
-        assert node is not None
-        ref = ImageBuilder(cluster.config.cache_dir).build_and_push(args.image, node.registry).ref
-        node.crictl("pull", ref)
+    with real_node_bench(args.image) as (cluster, node, ref):
         results: dict[str, Any] = {"image": ref}
         for delivery in args.delivery.split(","):
             with delivery_policy(cluster, delivery) as ns_labels:
                 results[delivery] = asyncio.run(
                     _fill(args, cluster, node, ref, delivery, ns_labels)
                 )
-    finally:
-        bed.close()
     print(table("density: idle sandboxes on the real node", rows(results)))
     return results
 

@@ -36,8 +36,7 @@ from sandman.client import Sandbox, SandmanClient
 from sandman.contract import LABEL_BENCH, LABEL_NODE_KIND
 from sandman.harness.cluster.local import LocalCluster
 from sandman.harness.cluster.node import RealNode
-from sandman.harness.images.build import ImageBuilder
-from sandman.harness.testing import bench_bed, policy_rule
+from sandman.harness.testing import policy_rule, real_node_bench
 from sandman.kube_async import NAMESPACES, PODS, ApiError, KubeClient, list_all
 
 REAL = {LABEL_NODE_KIND: "real"}
@@ -65,13 +64,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    bed = bench_bed(need_real_node=True)
-    try:
-        cluster = bed.cluster
-        node = cluster.real_node
-        assert node is not None
-        ref = ImageBuilder(cluster.config.cache_dir).build_and_push(args.image, node.registry).ref
-        node.crictl("pull", ref)  # cached-image starts only
+    with real_node_bench(args.image) as (cluster, node, ref):
         results: dict[str, Any] = {"image": ref, "levels": {}}
         kubelet_log = node.layout.logs / "kubelet.log"
         offset = kubelet_log.stat().st_size if kubelet_log.exists() else 0
@@ -84,8 +77,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         with open(kubelet_log, errors="replace") as f:
             f.seek(offset)
             results["kubelet_throttled_waits"] = sum("client-side throttling" in ln for ln in f)
-    finally:
-        bed.close()
     # The headline keys: the first delivery with the last signal asked for
     # (the default: copy, daemon).
     head = f"{args.delivery.split(',')[0]}/{args.ready.split(',')[-1]}"

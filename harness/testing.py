@@ -35,6 +35,7 @@ from sandman.harness.cluster.hostsetup import (
 )
 from sandman.harness.cluster.kwok_nodes import NODE_KIND_LABEL
 from sandman.harness.cluster.local import LocalCluster
+from sandman.harness.cluster.node import RealNode
 from sandman.harness.kube import raw
 
 # Point this at the state dir of a running cluster (e.g. the `make up` one) to
@@ -164,6 +165,24 @@ def bench_bed(*, need_real_node: bool, kwok_nodes: int = 3) -> ClusterBed:
         bed.close()
         raise RuntimeError(f"this benchmark needs the real node: {bed.no_real_node}")
     return bed
+
+
+@contextlib.contextmanager
+def real_node_bench(image: str) -> Iterator[tuple[LocalCluster, RealNode, str]]:
+    """A bench bed with the real node and ``image`` (a recipe name) built,
+    pushed and already on the node: (cluster, node, image ref). Benchmarks of
+    cached-image starts measure the start, not a pull."""
+    from sandman.harness.images.build import ImageBuilder
+
+    bed = bench_bed(need_real_node=True)
+    try:
+        cluster, node = bed.cluster, bed.cluster.real_node
+        assert node is not None
+        ref = ImageBuilder(cluster.config.cache_dir).build_and_push(image, node.registry).ref
+        node.crictl("pull", ref)
+        yield cluster, node, ref
+    finally:
+        bed.close()
 
 
 def kubectl(cluster: LocalCluster, *args: str, timeout: float = 60, check: bool = True) -> str:
