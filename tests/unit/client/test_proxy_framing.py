@@ -39,10 +39,8 @@ async def _endpoint(seen: list[dict[str, Any]]) -> tuple[web.AppRunner, int]:
     app.router.add_route("*", "/{tail:.*}", handle)
     runner = web.AppRunner(app)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    return runner, port
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner, runner.addresses[0][1]
 
 
 async def test_bodies_through_the_apiserver_proxy_are_chunked() -> None:
