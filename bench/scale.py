@@ -82,6 +82,14 @@ def add_args(p: argparse.ArgumentParser) -> None:
         help="creates/s of the burst in all (default: as fast as the clients go); with --chaos"
         " a small burst needs it to outlast the four faults (~30 s each)",
     )
+    p.add_argument(
+        "--held-rate",
+        type=float,
+        default=None,
+        help="creates/s of the held phase in all (default: as fast as the clients go); on a"
+        " small machine, what the node simulator can make Ready (else pods wait Pending until"
+        " the reaper's stuck rule takes them)",
+    )
     p.add_argument("--processes", type=int, default=4, help="client processes")
     p.add_argument("--concurrency", type=int, default=32, help="creates in flight per process")
     p.add_argument("--pods-per-node", type=int, default=110)
@@ -164,6 +172,7 @@ def held_phase(env: ScaleEnv, args: argparse.Namespace, tail: Tail) -> dict[str,
         concurrency=args.concurrency,
         ttl_s=int(args.lease),
         out_dir=env.run_dir,
+        rate=args.held_rate,
     )
     clients.start()
     env.name_processes("bench-clients", [p.pid for p in clients.procs])

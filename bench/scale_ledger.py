@@ -23,6 +23,12 @@ Deletions the bench made itself never count. Taking the largest known end
 is the strict reading: an extension that reached the pod wins even if the
 watch missed it.
 
+One early deletion is not wrong but reported apart (``stuck_reclaims``): the
+reaper's documented stuck rule, a sandbox never Ready for ``--stuck-pending``
+(10 min by default) since its ``creationTimestamp``. It counts only when the
+watch never saw the pod Ready and its deletion started at least that long
+after the apiserver created it; anything earlier stays wrong.
+
 The failure this guards against: a reaper bench that counts "deleted pods
 whose annotation said expired" would miss a reaper that deleted a pod whose
 lease had just been extended (the race the UID + resourceVersion
@@ -31,6 +37,7 @@ preconditions exist for), or a node eviction that took sandboxes early.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -54,6 +61,9 @@ from sandman.contract import (
 # 0: the watch stamps a deletion after it happened (never earlier), and the
 # reaper, the bench and the watch read the same host clock.
 EARLY_TOLERANCE_S = 0.0
+# The reaper's --stuck-pending default (reaper/config.py), which every cluster
+# the bench starts or deploys runs with.
+STUCK_PENDING_S = 600.0
 
 
 @dataclass
@@ -68,6 +78,7 @@ class PodRecord:
     create_attempts: int = 0
     create_code: int | None = None
     seen_at: float | None = None
+    k8s_created_at: float | None = None  # metadata.creationTimestamp (1 s resolution)
     labeled: bool = False  # carries sandman.dev/sandbox=true as seen
     daemon: bool = False  # the init container and the daemon's command were injected
     missing: tuple[str, ...] = ()  # policy defaults absent when first seen
@@ -156,6 +167,7 @@ class Ledger:
                 rec.labeled = bool(ev.get("sandbox"))
                 rec.daemon = bool(ev.get("daemon"))
                 rec.missing = tuple(ev.get("missing") or ())
+                rec.k8s_created_at = ev.get("created")
             if ev.get("uid") and not rec.uid:
                 rec.uid = ev["uid"]
             rec.raise_lease(ev.get("expires"))
@@ -207,6 +219,9 @@ def pod_facts(pod: dict[str, Any]) -> dict[str, Any]:
         c.get("name") == DAEMON_INIT_CONTAINER for c in spec.get("initContainers") or ()
     ) and any((c.get("command") or [""])[0] == DAEMON_ARGV[0] for c in spec.get("containers") or ())
     missing = []
+    created = None
+    with contextlib.suppress(KeyError, TypeError, ContractError):
+        created = parse_time(md["creationTimestamp"]).timestamp()
     if sandbox:
         checks = {
             "injected": ANN_INJECTED in ann,
@@ -225,16 +240,50 @@ def pod_facts(pod: dict[str, Any]) -> dict[str, Any]:
         "daemon": daemon,
         "missing": missing,
         "expires": expires_of(pod),
+        "created": created,
     }
 
 
-def wrong_deletions(ledger: Ledger, tolerance_s: float = EARLY_TOLERANCE_S) -> list[Wrong]:
-    """Deletions nobody may have made (the bench's own excepted)."""
+def stuck_reclaim(r: PodRecord, stuck_after_s: float = STUCK_PENDING_S) -> bool:
+    """A sandbox the reaper's stuck rule may delete before its lease ended:
+    never seen Ready, deleted at least ``stuck_after_s`` after its creation.
+    ``creationTimestamp`` is truncated to the second, so the check is looser
+    than the reaper's by under a second, never by more."""
+    return (
+        r.kind == "sandbox"
+        and r.ready_at is None
+        and r.deleting_at is not None
+        and r.k8s_created_at is not None
+        and r.deleting_at - r.k8s_created_at >= stuck_after_s
+    )
+
+
+def stuck_reclaims(ledger: Ledger, stuck_after_s: float = STUCK_PENDING_S) -> list[PodRecord]:
+    """Sandboxes reclaimed by the stuck rule before their lease ended (not wrong)."""
+    return [
+        r
+        for r in ledger.sandboxes()
+        if r.deleted_by_bench is None
+        and r.lease_end is not None
+        and r.deleting_at is not None
+        and r.deleting_at < r.lease_end
+        and stuck_reclaim(r, stuck_after_s)
+    ]
+
+
+def wrong_deletions(
+    ledger: Ledger,
+    tolerance_s: float = EARLY_TOLERANCE_S,
+    stuck_after_s: float = STUCK_PENDING_S,
+) -> list[Wrong]:
+    """Deletions nobody may have made (the bench's own and stuck reclaims excepted)."""
     out = []
     for r in ledger.pods.values():
         if r.deleting_at is None:
             continue
         if r.deleted_by_bench is not None and r.deleted_by_bench <= r.deleting_at:
+            continue
+        if stuck_reclaim(r, stuck_after_s):
             continue
         if r.kind != "sandbox":
             out.append(Wrong(r.name, "not-a-sandbox", f"a {r.kind} pod was deleted"))
@@ -278,6 +327,7 @@ def reclaim_latencies(
         and r.lease_end is not None
         and r.deleted_by_bench is None
         and since <= r.lease_end < until
+        and not (r.deleting_at < r.lease_end and stuck_reclaim(r))
     ]
 
 

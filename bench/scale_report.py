@@ -11,6 +11,7 @@ from sandman.bench.scale_ledger import (
     Ledger,
     PodRecord,
     reclaim_latencies,
+    stuck_reclaims,
     unreclaimed,
     without_daemon,
     wrong_deletions,
@@ -210,9 +211,13 @@ def invariants(ledger: Ledger, now: float, grace_s: float) -> dict[str, Any]:
     wrong = wrong_deletions(ledger)
     missing = without_daemon(ledger)
     left = unreclaimed(ledger, now, grace_s)
+    stuck = stuck_reclaims(ledger)
     return {
         "wrong_deletions": len(wrong),
         "wrong_examples": [f"{w.name}: {w.why} ({w.detail})" for w in wrong[:10]],
+        # Never Ready for the reaper's stuck limit: its rule at work, not wrong.
+        "stuck_reclaims": len(stuck),
+        "stuck_examples": [r.name for r in stuck[:10]],
         "sandboxes_without_daemon": len(missing),
         "without_daemon_examples": [f"{r.name}: missing {list(r.missing)}" for r in missing[:10]],
         "unreclaimed": len(left),

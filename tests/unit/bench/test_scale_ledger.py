@@ -23,6 +23,7 @@ from sandman.bench.scale_ledger import (
     pod_facts,
     read_events,
     reclaim_latencies,
+    stuck_reclaims,
     unreclaimed,
     without_daemon,
     wrong_deletions,
@@ -169,11 +170,54 @@ def test_a_lease_that_ended_without_a_reclaim_is_left_over(
     assert [r.name for r in unreclaimed(led, now=t + 41, grace_s=30)] == ["held-x"]
 
 
+def never_ready(t: float, name: str, *, gone_after: float, lease: float = 900.0) -> list:
+    """A sandbox created at ``t`` that kwok never made Ready, deleted by
+    someone else ``gone_after`` seconds after the apiserver created it."""
+    uid = f"u-{name}"
+    create = {"src": "bench", "ev": "create", "t": t + 0.4, "t0": t - 0.2, "name": name}
+    create |= {"kind": "sandbox", "code": 201, "uid": uid, "expires": t + lease}
+    seen = {"src": "watch", "ev": "seen", "t": t + 0.5, "name": name, "uid": uid}
+    seen |= {"sandbox": True, "daemon": True, "missing": [], "expires": t + lease, "created": t}
+    bound = {"src": "watch", "ev": "bound", "t": t + 3, "name": name, "uid": uid, "node": "n-1"}
+    gone = {"src": "watch", "ev": "deleting", "t": t + gone_after, "name": name, "uid": uid}
+    return [create, seen, bound, gone]
+
+
+def test_the_reapers_stuck_rule_is_reported_apart_not_as_wrong(
+    recorded: list[dict[str, Any]],
+) -> None:
+    t = max(e["t"] for e in recorded) + 1
+    led = ledger_of(recorded, *never_ready(t, "held-900", gone_after=601))
+    assert wrong_deletions(led) == []
+    assert [r.name for r in stuck_reclaims(led)] == ["held-900"]
+    # Its early deletion is not a reclaim latency (it would be -299 s).
+    assert all(x >= 0 for x in reclaim_latencies(led))
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["too-soon", "was-ready", "bystander"],
+)
+def test_an_early_deletion_outside_the_stuck_rule_stays_wrong(
+    recorded: list[dict[str, Any]], change: str
+) -> None:
+    t = max(e["t"] for e in recorded) + 1
+    events = never_ready(t, "held-901", gone_after=599 if change == "too-soon" else 700)
+    if change == "was-ready":
+        events.append({"src": "watch", "ev": "ready", "t": t + 20, "name": "held-901"})
+    if change == "bystander":
+        events[0]["kind"] = "bystander"
+    led = ledger_of(recorded, *events)
+    assert [w.name for w in wrong_deletions(led)] == ["held-901"]
+    assert stuck_reclaims(led) == []
+
+
 def pod(**spec: Any) -> dict[str, Any]:
     return {
         "metadata": {
             "name": "p",
             "uid": "u",
+            "creationTimestamp": "2026-12-01T09:50:00Z",
             "labels": {"sandman.dev/sandbox": "true", "sandman.dev/id": "abc"},
             "annotations": {
                 "sandman.dev/injected": "0.1.0",
@@ -197,6 +241,7 @@ def test_pod_facts_reads_the_injection_and_the_defaults() -> None:
     facts = pod_facts(pod())
     assert facts["daemon"] and facts["missing"] == [] and facts["sandbox"]
     assert facts["expires"] == 1796119200.0  # 2026-12-01T10:00:00Z
+    assert facts["created"] == 1796118600.0  # 2026-12-01T09:50:00Z
     let_through = pod(initContainers=[], containers=[{"name": "main", "command": ["sleep"]}])
     assert not pod_facts(let_through)["daemon"]
     lax = pod(automountServiceAccountToken=None, schedulerName="default-scheduler")
