@@ -13,8 +13,11 @@ container, the daemon's start, readiness (probe, status, watch) and the
 first exec. Level 1 runs `--runs` times one after the other; 16 and 64 run
 `--rounds` times. The load average is recorded next to every level.
 
-`--delivery copy,shared` repeats everything with the daemon's shared
-delivery (a policy rule `daemonDelivery: shared` for the bench's namespace).
+`--delivery copy,shared,node` repeats everything with the daemon's shared
+and node deliveries (a policy rule `daemonDelivery: shared|node` for the
+bench's namespace); with `node` the pod has no install step at all (its init
+phases are 0 and `after_init_wait` is the kubelet's way from the pod sandbox
+to the sandbox container).
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ COMMAND = ["sleep", "infinity"]
 INIT, MAIN = "sandman-install", "main"
 POD_LOGS = "/var/log/pods"  # the kubelet's podLogsDirectory (its default)
 POLICY_LABEL = "sandman.dev/policy-test"
-SHARED_RULE = "bench-podstart-shared"
+RULE_PREFIX = "bench-podstart-"  # + the delivery: the policy rule of its namespace
 KUBE_CONNECTIONS = 256
 
 
@@ -53,7 +56,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs", type=int, default=10, help="starts at level 1 (one at a time)")
     p.add_argument("--rounds", type=int, default=2, help="rounds at the other levels")
     p.add_argument("--image", default="tiny")
-    p.add_argument("--delivery", default="copy", help="copy, shared or copy,shared")
+    p.add_argument("--delivery", default="copy", help="copy, shared, node, or a list: copy,node")
     p.add_argument("--ready", default="daemon",
                    help="the SDK's start signal: daemon (its own answer, the default), "
                    "condition (only the pod's Ready condition, as before), or both "
@@ -88,14 +91,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def delivery_policy(cluster: LocalCluster, delivery: str) -> Iterator[dict[str, str]]:
-    """Namespace labels that get ``delivery`` (a prepended policy rule for shared)."""
+    """Namespace labels that get ``delivery`` (a prepended policy rule for
+    shared and node)."""
     if delivery == "copy":
         yield {}
         return
-    if delivery != "shared":
-        raise SystemExit(f"--delivery: copy or shared, not {delivery!r}")
-    with policy_rule(cluster, SHARED_RULE, {POLICY_LABEL: SHARED_RULE}, daemonDelivery="shared"):
-        yield {POLICY_LABEL: SHARED_RULE}
+    if delivery not in ("shared", "node"):
+        raise SystemExit(f"--delivery: copy, shared or node, not {delivery!r}")
+    rule = f"{RULE_PREFIX}{delivery}"
+    with policy_rule(cluster, rule, {POLICY_LABEL: rule}, daemonDelivery=delivery):
+        yield {POLICY_LABEL: rule}
 
 
 async def _bench(
@@ -187,12 +192,20 @@ async def wait_delivery(client: SandmanClient, image: str, delivery: str) -> Non
             if e.status < 500 or time.monotonic() > deadline:
                 raise
             got = {"spec": {}}  # the webhook is down or slow: ask again
-        shared = any("hostPath" in v for v in got["spec"].get("volumes") or [])
-        if got["spec"] and shared == (delivery == "shared"):
+        if got["spec"] and delivery_of(got) == delivery:
             return
         if time.monotonic() > deadline:
             raise RuntimeError(f"the webhook never chose the {delivery} delivery")
         await asyncio.sleep(1)
+
+
+def delivery_of(pod: dict[str, Any]) -> str:
+    """Which delivery the webhook gave ``pod``: a node directory with (shared)
+    or without (node) an install step, else the copy."""
+    spec = pod.get("spec") or {}
+    if not any("hostPath" in v for v in spec.get("volumes") or []):
+        return "copy"
+    return "shared" if spec.get("initContainers") else "node"
 
 
 async def _round(

@@ -50,6 +50,8 @@ from sandman.contract import (
     ANN_INJECTED,
     DAEMON_ARGV,
     DAEMON_INIT_CONTAINER,
+    DAEMON_RUNTIME_DIR,
+    DAEMON_SHARED_VOLUME,
     LABEL_ID,
     SCHEDULER_NAME,
     ContractError,
@@ -215,9 +217,18 @@ def pod_facts(pod: dict[str, Any]) -> dict[str, Any]:
     ann = md.get("annotations") or {}
     labels = md.get("labels") or {}
     sandbox = is_sandbox(pod)
-    daemon = any(
+    argv0 = DAEMON_ARGV[0]
+    runs = [c for c in spec.get("containers") or () if (c.get("command") or [""])[0] == argv0]
+    # Its tree comes from the install step, or (the "node" delivery) is the
+    # node's copy mounted where the daemon runs from.
+    placed = any(
         c.get("name") == DAEMON_INIT_CONTAINER for c in spec.get("initContainers") or ()
-    ) and any((c.get("command") or [""])[0] == DAEMON_ARGV[0] for c in spec.get("containers") or ())
+    ) or any(
+        m.get("name") == DAEMON_SHARED_VOLUME and m.get("mountPath") == DAEMON_RUNTIME_DIR
+        for c in runs
+        for m in c.get("volumeMounts") or ()
+    )
+    daemon = bool(runs) and placed
     missing = []
     created = None
     with contextlib.suppress(KeyError, TypeError, ContractError):

@@ -61,6 +61,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="install once into NODE_DIR (a node directory shared by pods); DIR/rt links to it",
     )
+    i.add_argument(
+        "--release-image",
+        metavar="IMAGE",
+        default=None,
+        help="also name the tree NODE_DIR/release/<hash of IMAGE>, the daemon image reference the"
+        " webhook injects (the node installer of the node delivery)",
+    )
+    sub.add_parser("idle", help="wait for SIGTERM (the node installer's pod, after its install)")
     sub.add_parser("version")
     return p
 
@@ -71,15 +79,19 @@ def main(argv: list[str] | None = None) -> int:
         print(__version__)
         return 0
     if args.cmd == "install":
+        from sandman.contract import daemon_release
         from sandman.daemon.install import install
 
         try:
-            where, copied = install(args.dir, args.shared)
+            release = daemon_release(args.release_image) if args.release_image else None
+            where, copied = install(args.dir, args.shared, release)
         except (OSError, ValueError) as e:
             print(f"sandmand install: {e}", file=sys.stderr)
             return 1
         print(f"{where} ({'installed' if copied else 'already there'})")
         return 0
+    if args.cmd == "idle":
+        return _idle()
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
     try:
@@ -90,3 +102,16 @@ def main(argv: list[str] | None = None) -> int:
     from sandman.daemon.server import serve
 
     return serve(config)
+
+
+def _idle() -> int:
+    """Block until SIGTERM or SIGINT (as PID 1 nothing else ends it)."""
+    import signal
+
+    def stop(_sig: int, _frame: object) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    while True:
+        signal.pause()

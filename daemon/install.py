@@ -11,6 +11,11 @@ Runs in the init container, from the daemon image, whose tree lies at
   VERSION file), and ``DEST/rt`` becomes a symlink to
   ``/.sandman/shared/<key>/rt``: nothing is copied for later pods.
 
+With ``--release NAME`` (the node installer, a DaemonSet: the "node"
+delivery), ``DIR/release/NAME`` is made a symlink to ``../<key>/rt`` after
+the tree is in place; sandboxes then mount that path read-only at
+``/.sandman/rt`` and need no install step of their own.
+
 Either way the tree is copied to a private temporary name and renamed into
 place, so a reader never sees half a tree, and two pods installing at once
 both succeed (the loser's rename finds the winner's tree and drops its own).
@@ -23,7 +28,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from sandman.contract import DAEMON_SHARED_MOUNT
+from sandman.contract import DAEMON_RELEASES, DAEMON_SHARED_MOUNT
 
 MARKER = "VERSION"  # "<daemon version> <tree key>", written last by the build
 SHARED_MOUNT = DAEMON_SHARED_MOUNT  # where the sandbox sees the node directory
@@ -77,20 +82,34 @@ def _discard(tmp: Path) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
 
 
-def install(dest: str, shared_dir: str | None = None) -> tuple[Path, bool]:
+def install(
+    dest: str, shared_dir: str | None = None, release: str | None = None
+) -> tuple[Path, bool]:
     """(where the tree now is, whether this call copied it)."""
     src = runtime_root()
     if not (src / MARKER).exists():
         raise FileNotFoundError(f"{src} is not a daemon runtime tree (no {MARKER})")
     if shared_dir is None:
+        if release is not None:
+            raise ValueError("--release needs --shared (the node directory)")
         target = Path(dest) / "rt"
         return target, _copy_tree(src, target)
     key = tree_key(src)
     target = Path(shared_dir) / key / "rt"
     copied = _copy_tree(src, target, read_only=True)
-    link = Path(dest) / "rt"
-    tmp_link = Path(dest) / f".rt.tmp-{os.getpid()}"
-    tmp_link.unlink(missing_ok=True)
-    os.symlink(f"{SHARED_MOUNT}/{key}/rt", tmp_link)
-    os.replace(tmp_link, link)
+    _link(Path(dest) / "rt", f"{SHARED_MOUNT}/{key}/rt")
+    if release is not None:
+        if not release.isalnum():
+            raise ValueError(f"--release {release!r}: letters and digits only")
+        # Relative, so it resolves on the node (the kubelet mounts it) as in here.
+        _link(Path(shared_dir) / DAEMON_RELEASES / release, f"../{key}/rt")
     return target, copied
+
+
+def _link(link: Path, to: str) -> None:
+    """``link`` -> ``to``, replaced atomically (a reader sees the old or the new)."""
+    link.parent.mkdir(parents=True, exist_ok=True)
+    tmp = link.with_name(f".{link.name}.tmp-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    os.symlink(to, tmp)
+    os.replace(tmp, link)

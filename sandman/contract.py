@@ -9,6 +9,7 @@ only the standard library: the daemon is frozen with it.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import re
 from typing import Any
 
@@ -78,6 +79,20 @@ DAEMON_ARGV = (DAEMON_RUNTIME_DIR + "/bin/sandmand", "-I", "-S", "-m", "sandman.
 # once per node, mounted read-only into sandboxes here.
 DAEMON_SHARED_VOLUME = "sandman-daemon-shared"
 DAEMON_SHARED_MOUNT = DAEMON_DIR + "/shared"
+# The "node" delivery: a DaemonSet installs each daemon image's tree in the
+# node directory ahead of time and names it RELEASES/<daemon_release(image)>;
+# a sandbox mounts that read-only at DAEMON_RUNTIME_DIR and has no install
+# step at all (docs/performance.md "Delivery").
+DAEMON_RELEASES = "release"
+
+
+def daemon_release(image: str) -> str:
+    """The node directory's name for a daemon image's tree, computed from the
+    image reference alone: the webhook and the node installer are both given
+    the same reference (one kustomize image name rewrites both)."""
+    return hashlib.sha256(image.encode()).hexdigest()[:16]
+
+
 ENV_TOKEN_SHA256 = "SANDMAN_TOKEN_SHA256"  # SHA-256 (hex) of the sandbox's token
 ENV_TOKEN_SHA256_FILE = "SANDMAN_TOKEN_SHA256_FILE"  # ... or a file holding it
 ENV_WORKSPACE = "SANDMAN_WORKSPACE"  # the git checkout /v1/reset restores

@@ -98,13 +98,14 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         default="copy",
         help="how the daemon reaches sandboxes unless a policy rule says "
         "(daemonDelivery): copy = into each pod (passes Pod Security restricted), "
-        "shared = once per node, mounted read-only (a hostPath volume)",
+        "shared = once per node, mounted read-only (a hostPath volume), "
+        "node = placed on every node by the node installer (manifests/node), no install step",
     )
     p.add_argument(
         "--daemon-shared-dir",
         type=_absolute,
         default=DEFAULT_SHARED_DIR,
-        help="node directory of the shared delivery",
+        help="node directory of the shared and node deliveries",
     )
     p.add_argument("--policy-file", type=Path, default=None)
     p.add_argument("--policy-configmap", default=None, help="NAMESPACE/NAME, watched")

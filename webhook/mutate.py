@@ -28,6 +28,8 @@ from sandman.contract import (
     DAEMON_INIT_CONTAINER,
     DAEMON_PORT,
     DAEMON_PORT_NAME,
+    DAEMON_RELEASES,
+    DAEMON_RUNTIME_DIR,
     DAEMON_SHARED_MOUNT,
     DAEMON_SHARED_VOLUME,
     DAEMON_VOLUME,
@@ -39,6 +41,7 @@ from sandman.contract import (
     SCHEDULER_NAME,
     ContractError,
     annotations,
+    daemon_release,
     format_duration,
     format_time,
     is_token_hash,
@@ -116,7 +119,12 @@ class MutationError(ValueError):
 # pod; passes Pod Security `restricted`). "shared": installed once per node
 # into a node directory (hostPath) that every sandbox mounts read-only (0 per
 # pod; hostPath is refused by Pod Security `baseline` and `restricted`).
-DELIVERIES = ("copy", "shared")
+# "node": the node installer (a DaemonSet, manifests/node) placed the tree on
+# every node beforehand; the sandbox mounts it read-only and has no install
+# step (no init container: saves its start and the kubelet's wait for its
+# exit, ~1 s a pod); also hostPath, so also refused by those levels.
+DELIVERIES = ("copy", "shared", "node")
+HOST_PATH_DELIVERIES = ("shared", "node")
 DEFAULT_SHARED_DIR = "/var/lib/sandman/daemon"
 # The namespace label with which Pod Security admission enforces a level
 # (pod-security.kubernetes.io/enforce); these levels refuse hostPath volumes.
@@ -142,11 +150,12 @@ def delivery_for(
     default: str, rule_choice: str | None, namespace_labels: Mapping[str, str]
 ) -> tuple[str, str | None]:
     """(delivery, warning) for a sandbox: the rule's choice, else the
-    install-wide one; never "shared" where Pod Security admission would then
-    refuse the pod (the copy passes `restricted`), which the warning says."""
+    install-wide one; never a node directory ("shared", "node") where Pod
+    Security admission would then refuse the pod (the copy passes
+    `restricted`), which the warning says."""
     wanted = rule_choice or default
     level = namespace_labels.get(PSA_ENFORCE_LABEL, "")
-    if wanted == "shared" and level in PSA_NO_HOST_PATH:
+    if wanted in HOST_PATH_DELIVERIES and level in PSA_NO_HOST_PATH:
         return "copy", (
             f"the daemon is copied into this pod, not shared from the node: the namespace "
             f"enforces Pod Security {level!r}, which refuses hostPath volumes"
@@ -237,8 +246,13 @@ def install_container(settings: InjectionSettings, shared: bool = False) -> dict
     }
 
 
+def node_release_path(settings: InjectionSettings) -> str:
+    """The node path of the injected daemon image's tree (the "node" delivery)."""
+    return f"{settings.daemon_shared_dir}/{DAEMON_RELEASES}/{daemon_release(settings.daemon_image)}"
+
+
 def _daemon_volumes(
-    m: Mutation, spec: dict[str, Any], settings: InjectionSettings, shared: bool
+    m: Mutation, spec: dict[str, Any], settings: InjectionSettings, delivery: str
 ) -> None:
     volumes = spec.get("volumes")
     reserved = {VOLUME, DAEMON_SHARED_VOLUME}
@@ -255,15 +269,16 @@ def _daemon_volumes(
                         "reserved for the daemon"
                     )
     _append(m, "/spec/volumes", volumes, {"name": VOLUME, "emptyDir": {}})
-    if shared:
-        m.op(
-            "add",
-            "/spec/volumes/-",
-            {
-                "name": DAEMON_SHARED_VOLUME,
-                "hostPath": {"path": settings.daemon_shared_dir, "type": "DirectoryOrCreate"},
-            },
-        )
+    if delivery == "shared":
+        host = {"path": settings.daemon_shared_dir, "type": "DirectoryOrCreate"}
+    elif delivery == "node":
+        # "Directory": on a node the installer has not reached yet, the kubelet
+        # reports FailedMount and retries until the tree is there, instead of
+        # creating an empty directory the daemon cannot start from.
+        host = {"path": node_release_path(settings), "type": "Directory"}
+    else:
+        return
+    m.op("add", "/spec/volumes/-", {"name": DAEMON_SHARED_VOLUME, "hostPath": host})
 
 
 def mutate(
@@ -351,19 +366,19 @@ def mutate(
     )
     if note:
         m.warnings.append(note)
-    shared = delivery == "shared"
-    _daemon_volumes(m, spec, settings, shared)
-    init = install_container(settings, shared)
-    _guarantee_install(init, container, rule, profile_of(pod, rule))
+    _daemon_volumes(m, spec, settings, delivery)
     inits = spec.get("initContainers")
     if inits and any(c.get("name") == INIT_CONTAINER for c in inits):
         raise MutationError(f"init container name {INIT_CONTAINER!r} is reserved")
-    # First: copying the daemon depends on nothing, and native sidecars that
-    # come later in the list must not hold it up.
-    if inits:
-        m.op("add", "/spec/initContainers/0", init)
-    else:
-        m.op("add", "/spec/initContainers", [init])
+    if delivery != "node":
+        init = install_container(settings, delivery == "shared")
+        _guarantee_install(init, container, rule, profile_of(pod, rule))
+        # First: copying the daemon depends on nothing, and native sidecars that
+        # come later in the list must not hold it up.
+        if inits:
+            m.op("add", "/spec/initContainers/0", init)
+        else:
+            m.op("add", "/spec/initContainers", [init])
     facts = (images or {}).get(container.get("image", "")) if images is not None else None
     run = _command(m, container, facts, rule, lookups=images is not None)
     if m.image_digest and facts is not None:
@@ -383,7 +398,7 @@ def mutate(
             "the sandbox stays until released"
         )
     _rewrite_container(
-        m, f"/spec/containers/{idx}", container, settings, token_hash, ann, run, flags, shared
+        m, f"/spec/containers/{idx}", container, settings, token_hash, ann, run, flags, delivery
     )
     return m
 
@@ -441,7 +456,7 @@ def _rewrite_container(
     ann: dict[str, str],
     run: list[str],
     flags: list[str],
-    shared: bool,
+    delivery: str,
 ) -> None:
     name = c.get("name")
     try:
@@ -473,12 +488,18 @@ def _rewrite_container(
     if mounts and any(v.get("mountPath") == DAEMON_DIR for v in mounts):
         raise MutationError(f"container {name} already mounts something at {DAEMON_DIR}")
     _append(m, f"{base}/volumeMounts", mounts, {"name": VOLUME, "mountPath": DAEMON_DIR})
-    if shared:
-        # Read-only: a sandbox can run the node's daemon trees, never change them.
+    # Read-only: a sandbox can run the node's daemon trees, never change them.
+    if delivery == "shared":
         m.op(
             "add",
             f"{base}/volumeMounts/-",
             {"name": DAEMON_SHARED_VOLUME, "mountPath": DAEMON_SHARED_MOUNT, "readOnly": True},
+        )
+    elif delivery == "node":
+        m.op(
+            "add",
+            f"{base}/volumeMounts/-",
+            {"name": DAEMON_SHARED_VOLUME, "mountPath": DAEMON_RUNTIME_DIR, "readOnly": True},
         )
 
     ports = c.get("ports")

@@ -36,7 +36,7 @@ SCHEDULER_CHOICES = ("sandman", "pod", "default")
 # Which sandboxes end with their command (webhook/rewrite.py `exits_with_command`).
 EXIT_CHOICES = ("owner", "always", "never")
 # How the daemon reaches sandboxes (webhook/mutate.py `delivery_for`).
-DELIVERY_CHOICES = ("copy", "shared")
+DELIVERY_CHOICES = ("copy", "shared", "node")  # webhook/mutate.py DELIVERIES
 SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
 TOLERATION_OPERATORS = ("Exists", "Equal")
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")

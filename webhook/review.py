@@ -26,7 +26,7 @@ from sandman.contract import (
     labels,
 )
 from sandman.webhook.checks import check
-from sandman.webhook.mutate import InjectionSettings, MutationError, mutate
+from sandman.webhook.mutate import InjectionSettings, MutationError, mutate, node_release_path
 from sandman.webhook.policy import Policy, RuleSet, Violation, profile_of
 from sandman.webhook.rewrite import ImageFacts
 from sandman.webhook.updates import HARD_RULES, update_violations
@@ -201,7 +201,9 @@ def _trusted(ctx: Context) -> dict[str, frozenset[str]]:
     shared = ctx.settings.daemon_shared_dir
     return {
         "trusted_images": frozenset({ctx.settings.daemon_image}),
-        "trusted_host_paths": frozenset({shared} if shared else ()),
+        "trusted_host_paths": frozenset(
+            {shared, node_release_path(ctx.settings)} if shared else ()
+        ),
     }
 
 

@@ -142,11 +142,15 @@ def apply(
         ) from None
 
 
-def deployments(docs: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
+ROLLED_OUT = ("Deployment", "DaemonSet")  # what `kubectl rollout status` waits for
+
+
+def workloads(docs: Sequence[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """(kind, namespace, name) of every Deployment and DaemonSet."""
     return [
-        (d["metadata"].get("namespace", NAMESPACE), d["metadata"]["name"])
+        (d["kind"], d["metadata"].get("namespace", NAMESPACE), d["metadata"]["name"])
         for d in docs
-        if d.get("kind") == "Deployment"
+        if d.get("kind") in ROLLED_OUT
     ]
 
 
@@ -156,17 +160,17 @@ def wait_available(
     timeout_s: float = READY_TIMEOUT_S,
     progress: Progress = print,
 ) -> None:
-    """Every Deployment rolled out (all replicas of the new template Available)."""
+    """Every Deployment and DaemonSet rolled out (all pods of the new template
+    Available: for the node installer, every node it runs on holds the tree)."""
     deadline = time.monotonic() + timeout_s
-    for ns, name in deployments(docs):
+    for kind, ns, name in workloads(docs):
         left = max(1, int(deadline - time.monotonic()))
-        proc = kubectl.run(
-            "-n", ns, "rollout", "status", f"deployment/{name}", f"--timeout={left}s", check=False
-        )
+        res = f"{kind.lower()}/{name}"
+        proc = kubectl.run("-n", ns, "rollout", "status", res, f"--timeout={left}s", check=False)
         if proc.returncode != 0:
             raise InstallError(
-                f"deployment {ns}/{name} did not become available: {proc.stderr.strip()}; "
-                f"see `kubectl -n {ns} describe deployment {name}` and its pods' events"
+                f"{kind.lower()} {ns}/{name} did not become available: {proc.stderr.strip()}; "
+                f"see `kubectl -n {ns} describe {res}` and its pods' events"
             )
         progress(f"  {ns}/{name} available")
 

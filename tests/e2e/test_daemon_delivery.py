@@ -6,6 +6,10 @@
 - The shared delivery (a policy rule's ``daemonDelivery: shared``): two
   sandboxes run the same files from the node directory, and a root agent in
   one of them cannot change what the other runs.
+- The node delivery (``daemonDelivery: node``): no install step at all; the
+  tree the node installer (DaemonSet sandman-node) placed is mounted
+  read-only where the daemon runs from, the same inode in both sandboxes,
+  and a root agent cannot change it.
 """
 
 from __future__ import annotations
@@ -135,9 +139,7 @@ ATTACKS = {
 
 
 def _tree_digest(pod: dict[str, Any], token: str, key: str) -> str:
-    r = sh(pod, token, f"cd /.sandman/shared/{key}/rt && find . -type f | sort | xargs sha256sum")
-    assert r["exit_code"] == 0 and r["stdout"], r
-    return hashlib.sha256(r["stdout"].encode()).hexdigest()
+    return _tree_digest_at(pod, token, f"/.sandman/shared/{key}/rt")
 
 
 def test_shared_delivery_two_sandboxes_one_tree_that_neither_can_change(
@@ -212,3 +214,102 @@ def test_shared_delivery_two_sandboxes_one_tree_that_neither_can_change(
             for child in NODE_DIR.iterdir():  # only what this test installed
                 if child.name not in existed:
                     shutil.rmtree(child, ignore_errors=True)
+
+
+# -- the node delivery -------------------------------------------------------------
+NODE_RULE = "test-node-daemon"
+
+# What a root agent tries against the node's tree mounted at /.sandman/rt.
+NODE_ATTACKS = {
+    "append": "echo pwned >> /.sandman/rt/VERSION",
+    "truncate": ": > /.sandman/rt/bin/sandmand",
+    "chmod": "chmod u+w /.sandman/rt/bin/sandmand",
+    "create": "touch /.sandman/rt/evil",
+    "remove": "rm -rf /.sandman/rt/lib",
+    "move-away": "mv /.sandman/rt /.sandman/old",
+    "remount": "mount -o remount,rw /.sandman/rt",
+    "unmount": "umount /.sandman/rt",
+    "bind": "mkdir -p /tmp/evil && mount --bind /tmp/evil /.sandman/rt/bin",
+    "hardlink": "ln /.sandman/rt/bin/sandmand /tmp/h && echo x >> /tmp/h",
+}
+
+
+def _dry_run_delivery(core: CoreV1Api, namespace: str, image: str) -> str:
+    from sandman.bench.podstart import delivery_of
+
+    try:
+        got = raw(
+            core.create_namespaced_pod(
+                namespace, _pod("probe", image), dry_run="All", _preload_content=False
+            )
+        )
+    except ApiException:
+        return "?"
+    return delivery_of(got)
+
+
+def test_node_delivery_runs_the_nodes_tree_with_no_install_step_and_none_can_change_it(
+    cluster: LocalCluster,
+    real_node: RealNode,
+    core: CoreV1Api,
+    namespace: str,
+    images: dict[str, str],
+) -> None:
+    with policy_rule(cluster, NODE_RULE, {POLICY_LABEL: "node-daemon"}, daemonDelivery="node"):
+        core.patch_namespace(namespace, {"metadata": {"labels": {POLICY_LABEL: "node-daemon"}}})
+        wait_for(
+            lambda: _dry_run_delivery(core, namespace, images["tiny"]) == "node",
+            timeout=60,
+            what="the webhook to choose the node delivery for the namespace",
+        )
+        (a, token_a), (b, token_b) = _sandboxes(core, namespace, images["tiny"], ("na", "nb"))
+    try:
+        both = ((a, token_a), (b, token_b))
+        for p, _ in both:
+            assert not p["spec"].get("initContainers"), p["spec"].get("initContainers")
+            assert not (p["status"].get("initContainerStatuses") or [])
+        # The tree the node installer named for the injected image, one inode for both.
+        vol = next(v for v in a["spec"]["volumes"] if v["name"] == "sandman-daemon-shared")
+        release = Path(vol["hostPath"]["path"])
+        assert release.parent == NODE_DIR / "release" and release.is_dir(), release
+        ident = [
+            sh(p, t, "stat -L -c '%d:%i' /.sandman/rt/bin/sandmand")["stdout"] for p, t in both
+        ]
+        assert ident[0] == ident[1], ident
+        assert f"{(release / 'bin' / 'sandmand').stat().st_ino}" == ident[0].split(":")[1].strip()
+        # PID 1 is the daemon, run from that tree.
+        cmdline = sh(a, token_a, "tr '\\0' ' ' < /proc/1/cmdline")["stdout"]
+        assert cmdline.startswith(DAEMON_ARGV[0]), cmdline
+        # Nothing of the daemon's in the pod's own /.sandman (the mount is not counted).
+        own = (
+            "cd /.sandman && ls -A | grep -vx rt | xargs -r du -sk"
+            " | awk '{s += $1} END {print s + 0}'"
+        )
+        kib = int(sh(a, token_a, own)["stdout"])
+        assert kib < 1024, f"{kib} KiB in the pod's own /.sandman"
+        before = _tree_digest_at(a, token_a, "/.sandman/rt")
+
+        for what, cmd in NODE_ATTACKS.items():
+            r = sh(b, token_b, cmd)
+            assert r["exit_code"] != 0, (what, r)
+            said = r["stderr"].lower()
+            why = ("read-only", "denied", "not permitted", "cross-device", "busy", "invalid")
+            assert any(m in said for m in why), (what, r)
+        status, doc = call(
+            b["status"]["podIP"], token_b, "/v1/files/remove", {"path": "/.sandman/rt/VERSION"}
+        )
+        assert status == 403, doc
+
+        assert _tree_digest_at(a, token_a, "/.sandman/rt") == before
+        assert _tree_digest_at(b, token_b, "/.sandman/rt") == before
+        assert sh(a, token_a, "echo still-serving")["stdout"] == "still-serving\n"
+    finally:
+        for name in ("na", "nb"):
+            with contextlib.suppress(ApiException):
+                core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+
+
+def _tree_digest_at(pod: dict[str, Any], token: str, root: str) -> str:
+    r = sh(pod, token, f"cd {root} && find . -type f | sort | xargs sha256sum")
+    assert r["exit_code"] == 0 and r["stdout"], r
+    return hashlib.sha256(r["stdout"].encode()).hexdigest()

@@ -246,6 +246,12 @@ def test_pod_facts_reads_the_injection_and_the_defaults() -> None:
     assert not pod_facts(let_through)["daemon"]
     lax = pod(automountServiceAccountToken=None, schedulerName="default-scheduler")
     assert pod_facts(lax)["missing"] == ["automountServiceAccountToken", "schedulerName"]
+    # The node delivery: no install step, the node's tree mounted where the daemon runs from.
+    node_tree = {"name": "sandman-daemon-shared", "mountPath": "/.sandman/rt", "readOnly": True}
+    main = {"name": "main", "command": ["/.sandman/rt/bin/sandmand"], "volumeMounts": [node_tree]}
+    assert pod_facts(pod(initContainers=[], containers=[main]))["daemon"]
+    main["volumeMounts"] = [dict(node_tree, mountPath="/elsewhere")]
+    assert not pod_facts(pod(initContainers=[], containers=[main]))["daemon"]
 
 
 def test_a_sandbox_reclaimed_before_it_was_ready_is_settled_and_counted(

@@ -70,3 +70,35 @@ def test_a_concurrent_installer_that_lost_the_race_drops_its_copy(
     where, copied = install.install(str(pod), str(node))
     assert (where, copied) == (node / "abc123" / "rt", False)
     assert sorted(p.name for p in (node / "abc123").iterdir()) == ["rt"]
+
+
+def test_the_node_installer_names_the_tree_for_the_image_the_webhook_injects(
+    tree: Path, tmp_path: Path
+) -> None:
+    from sandman.contract import daemon_release
+    from sandman.daemon.cli import main
+
+    node, scratch = tmp_path / "node", tmp_path / "scratch"
+    scratch.mkdir()
+    image = "registry.example/sandman/daemon:1.2.3"
+    for _ in range(2):  # a restarted installer: same tree, same name
+        rc = main(["install", str(scratch), f"--shared={node}", f"--release-image={image}"])
+        assert rc == 0
+    release = node / "release" / daemon_release(image)
+    # Relative: the kubelet resolves it on the node, where the directory is
+    # not mounted at /.sandman/shared.
+    assert os.readlink(release) == "../abc123/rt"
+    assert (release / "bin" / "sandmand").read_bytes() == b"\x7fELF"
+    assert not list((node / "release").glob(".*tmp*"))
+    # Another image gets another name; the first stays for the pods using it.
+    main(["install", str(scratch), f"--shared={node}", "--release-image=other:1"])
+    assert sorted(p.name for p in (node / "release").iterdir()) == sorted(
+        [daemon_release(image), daemon_release("other:1")]
+    )
+
+
+def test_a_release_name_needs_the_node_directory(tree: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="--release needs --shared"):
+        install.install(str(tmp_path), None, "abc")
+    with pytest.raises(ValueError, match="letters and digits"):
+        install.install(str(tmp_path), str(tmp_path / "node"), "../evil")

@@ -397,6 +397,47 @@ def test_shared_mode_mounts_the_node_directory_read_only() -> None:
         } in mounts
 
 
+def test_node_mode_has_no_install_step_and_mounts_the_nodes_tree_read_only() -> None:
+    from dataclasses import replace
+
+    from sandman.contract import daemon_release
+    from sandman.webhook.mutate import delivery_for
+
+    settings = replace(SETTINGS, daemon_shared_dir="/srv/sd")
+    release = f"/srv/sd/release/{daemon_release(settings.daemon_image)}"
+    for s, rule in (
+        (replace(settings, daemon_delivery="node"), RULE),
+        (settings, RuleSet("r", daemon_delivery="node")),
+    ):
+        out, _ = injected(pod(), rule=rule, settings=s)
+        spec = out["spec"]
+        assert "initContainers" not in spec  # nothing runs before the daemon
+        vol = next(v for v in spec["volumes"] if v["name"] == "sandman-daemon-shared")
+        # Directory, not DirectoryOrCreate: on a node without the tree the
+        # kubelet waits for it instead of running the daemon from nothing.
+        assert vol["hostPath"] == {"path": release, "type": "Directory"}
+        mounts = spec["containers"][0]["volumeMounts"]
+        assert {"name": "sandman-daemon", "mountPath": "/.sandman"} in mounts
+        assert {
+            "name": "sandman-daemon-shared",
+            "mountPath": "/.sandman/rt",
+            "readOnly": True,
+        } in mounts
+        assert spec["containers"][0]["command"][0] == "/.sandman/rt/bin/sandmand"
+    # A pod's own init containers stay, and the install step's name stays reserved.
+    own = {"name": "setup", "image": "i", "command": ["true"]}
+    out, _ = injected(pod(initContainers=[own]), settings=replace(settings, daemon_delivery="node"))
+    assert [c["name"] for c in out["spec"]["initContainers"]] == ["setup"]
+    with pytest.raises(MutationError, match="reserved"):
+        injected(
+            pod(initContainers=[dict(own, name="sandman-install")]),
+            settings=replace(settings, daemon_delivery="node"),
+        )
+    enforce = "pod-security.kubernetes.io/enforce"
+    mode, note = delivery_for("node", None, {enforce: "baseline"})
+    assert mode == "copy" and note is not None and "baseline" in note
+
+
 def test_copy_mode_is_the_default_and_a_rule_can_opt_out_of_shared() -> None:
     from dataclasses import replace
 
