@@ -38,7 +38,7 @@ from sandman.bench.scale_clients import ClientFleet
 from sandman.bench.scale_env import ScaleEnv, open_env
 from sandman.bench.scale_fleet import FleetPlan, FleetProcess
 from sandman.bench.scale_leases import LeaseKeeper, final_ends
-from sandman.bench.scale_ledger import Ledger, PodRecord, read_events
+from sandman.bench.scale_ledger import STUCK_PENDING_S, Ledger, PodRecord, read_events
 from sandman.bench.scale_metrics import delta
 from sandman.bench.scale_report import (
     admission_figures,
@@ -89,6 +89,14 @@ def add_args(p: argparse.ArgumentParser) -> None:
         help="creates/s of the held phase in all (default: as fast as the clients go); on a"
         " small machine, what the node simulator can make Ready (else pods wait Pending until"
         " the reaper's stuck rule takes them)",
+    )
+    p.add_argument(
+        "--reaper-stuck-after",
+        type=float,
+        default=None,
+        help="seconds a sandbox may stay never-Ready before the reaper's stuck rule takes it"
+        " (in-cluster: the reaper is restarted with it; default: the reaper's 10 min). For a"
+        " machine whose node simulator lags creates by more than that",
     )
     p.add_argument("--processes", type=int, default=4, help="client processes")
     p.add_argument("--concurrency", type=int, default=32, help="creates in flight per process")
@@ -381,6 +389,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "nodes": len(env.nodes),
     }
     try:
+        if args.reaper_stuck_after:
+            if env.cluster.config.sandman_mode != "in-cluster" or env.deployment is None:
+                raise SystemExit("--reaper-stuck-after: only with Sandman in-cluster")
+            after = f"{int(args.reaper_stuck_after)}s"
+            env.deployment.add_reaper_args(f"--stuck-pending={after}", f"--stuck-not-ready={after}")
+            results["reaper_stuck_after_s"] = int(args.reaper_stuck_after)
         tail = Tail(env.run_dir)
         if args.bystanders:
             # Not sandboxes, with a lease long past: they must outlive the run.
@@ -401,7 +415,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             results["burst"] = burst_phase(env, args, tail)
         time.sleep(2)
         ledger = Ledger().extend(read_events(*sorted(env.run_dir.glob("*.jsonl"))))
-        results["invariants"] = invariants(ledger, time.time(), grace_s=30.0)
+        results["invariants"] = invariants(
+            ledger,
+            time.time(),
+            grace_s=30.0,
+            stuck_after_s=args.reaper_stuck_after or STUCK_PENDING_S,
+        )
         results["etcd_db_mib"] = round(
             sum(v for (n, _), v in env.etcd_last.items() if n == "etcd_mvcc_db_total_size_in_bytes")
             / (1 << 20),

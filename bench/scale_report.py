@@ -8,6 +8,7 @@ from typing import Any
 
 from sandman.bench.report import percentile
 from sandman.bench.scale_ledger import (
+    STUCK_PENDING_S,
     Ledger,
     PodRecord,
     reclaim_latencies,
@@ -207,11 +208,13 @@ def resource_figures(stats: list[PhaseStats]) -> dict[str, Any]:
     }
 
 
-def invariants(ledger: Ledger, now: float, grace_s: float) -> dict[str, Any]:
-    wrong = wrong_deletions(ledger)
+def invariants(
+    ledger: Ledger, now: float, grace_s: float, stuck_after_s: float = STUCK_PENDING_S
+) -> dict[str, Any]:
+    wrong = wrong_deletions(ledger, stuck_after_s=stuck_after_s)
     missing = without_daemon(ledger)
     left = unreclaimed(ledger, now, grace_s)
-    stuck = stuck_reclaims(ledger)
+    stuck = stuck_reclaims(ledger, stuck_after_s)
     return {
         "wrong_deletions": len(wrong),
         "wrong_examples": [f"{w.name}: {w.why} ({w.detail})" for w in wrong[:10]],

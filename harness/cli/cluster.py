@@ -190,8 +190,8 @@ def _print_deployments(cluster: LocalCluster) -> None:
         ready = d.status.available_replicas or 0
         print(f"  {d.metadata.name:<24}{ready}/{d.spec.replicas} available")
     for ds in apps.list_namespaced_daemon_set(NAMESPACE).items:
-        st = ds.status
-        print(f"  {ds.metadata.name:<24}{st.number_available or 0}/{st.desired_number_scheduled} nodes")
+        have, want = ds.status.number_available or 0, ds.status.desired_number_scheduled
+        print(f"  {ds.metadata.name:<24}{have}/{want} nodes")
 
 
 def cmd_kubeconfig(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ through its Service's ClusterIP (kube-proxy), as on any cluster.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -30,6 +31,7 @@ from sandman.install import apply as ap
 from sandman.install.images import COMPONENTS
 
 WEBHOOK = "sandman-webhook"
+REAPER = "sandman-reaper"
 WEBHOOK_PORT = 8443  # the container port (manifests/webhook/deployment.yaml)
 # Seconds for the Deployments to roll out: a cold node pulls ~60 MB of images
 # from the local registry and starts six Python processes on 2 cores.
@@ -115,6 +117,21 @@ class InClusterDeployment:
         self.progress(f"  Sandman in-cluster ({time.monotonic() - t0:.1f}s): {version}")
 
     # -- what tests and benchmarks use -------------------------------------------------
+    def add_reaper_args(self, *args: str) -> None:
+        """Restart the reaper with ``args`` appended (a benchmark's settings,
+        e.g. a longer stuck limit); returns once the rollout is done."""
+        ops = [
+            {"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": a}
+            for a in args
+        ]
+        self.kubectl.run(
+            "-n", NAMESPACE, "patch", "deployment", REAPER, "--type=json", "-p", json.dumps(ops)
+        )
+        self.kubectl.run(
+            "-n", NAMESPACE, "rollout", "status", f"deployment/{REAPER}",
+            f"--timeout={int(ROLLOUT_TIMEOUT_S)}s",
+        )  # fmt: skip
+
     def _core(self) -> CoreV1Api:
         return CoreV1Api(api_client(self.layout.admin_kubeconfig))
 
