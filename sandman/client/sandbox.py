@@ -50,6 +50,9 @@ UNSCHEDULABLE_GRACE = dt.timedelta(seconds=30)
 # pod network; 50 ms keeps that under ~20 requests per start while adding at
 # most 50 ms to it (the kubelet's own probe runs every second at best).
 DAEMON_POLL_S = 0.05
+# What a pod deleted under a watch is reported as, by what was being waited for.
+START_GONE = "the pod was deleted before it was Ready"
+WAIT_GONE = "the pod was deleted while waiting for its status"
 
 
 @dataclass
@@ -304,16 +307,18 @@ class Sandbox:
         ``startedAt``) waits here for them. TimeoutError after ``timeout_s``.
         """
         async with asyncio.timeout(timeout_s):
-            await self._watch_until(until)
+            await self._watch_until(until, gone=WAIT_GONE)
         return self.pod
 
     async def _watch_until_ready(self, t0: float, grace: dt.timedelta) -> None:
         await self._watch_until(lambda pod: self._observe(pod, t0, grace))
 
-    async def _watch_until(self, done: Callable[[dict[str, Any]], bool]) -> None:
+    async def _watch_until(
+        self, done: Callable[[dict[str, Any]], bool], gone: str = START_GONE
+    ) -> None:
         async with self.client.pod_watch.follow(self.namespace, self.name) as events:
             # MUST read after following: a change between the two would be lost.
-            await self._reread()
+            await self._reread(gone)
             if done(self.pod):
                 return
             while True:
@@ -321,31 +326,31 @@ class Sandbox:
                 if kind == podwatch.ERROR:
                     raise obj
                 if kind == podwatch.RESYNC:
-                    await self._reread()
+                    await self._reread(gone)
                 elif not self._newer(obj):
                     continue  # another pod of the name, or older than what we hold
                 elif kind == "DELETED":
-                    self._gone()
+                    self._gone(gone)
                 else:
                     self.pod = obj
                 if done(self.pod):
                     return
 
-    async def _reread(self) -> None:
+    async def _reread(self, gone: str = START_GONE) -> None:
         try:
             pod = await self.client.kube.get(PODS, self.name, self.namespace)
         except ApiError as e:
             if e.not_found:
-                self._gone()
+                self._gone(gone)
             raise
         if pod["metadata"].get("uid") != self.pod["metadata"].get("uid"):
-            self._gone()  # the name now belongs to another pod
+            self._gone(gone)  # the name now belongs to another pod
         self.pod = pod
 
-    def _gone(self) -> NoReturn:
+    def _gone(self, message: str) -> NoReturn:
         raise SandboxStartError(
             SandboxStartError.DELETED,
-            "the pod was deleted before it was Ready",
+            message,
             retryable=True,
             pod=self.name,
         )

@@ -72,3 +72,21 @@ async def test_a_sandbox_deleted_while_waiting_fails_fast_and_others_go_on(
             sb = await ok
         assert startup.ready(sb.pod)
         await sb.release()
+
+
+async def test_a_pod_deleted_during_wait_pod_is_reported_as_such(
+    cluster: LocalCluster, namespace: str
+) -> None:
+    async with SandmanClient(
+        kubeconfig=cluster.kubeconfig, namespace=namespace, transport="proxy"
+    ) as c:
+        sb = await kwok_sandbox(c)  # Ready: what comes next is not a start
+        waiting = asyncio.ensure_future(sb.wait_pod(lambda pod: False, timeout_s=WAIT_S))
+        await asyncio.sleep(0.2)
+        await c.kube.delete(PODS, sb.name, namespace, grace_period_s=0)
+        try:
+            await waiting
+            raise AssertionError("wait_pod on a deleted pod returned")
+        except SandboxStartError as e:
+            assert e.reason == SandboxStartError.DELETED
+            assert "while waiting for its status" in str(e), str(e)
