@@ -91,7 +91,7 @@ def install(
         raise FileNotFoundError(f"{src} is not a daemon runtime tree (no {MARKER})")
     if shared_dir is None:
         if release is not None:
-            raise ValueError("--release needs --shared (the node directory)")
+            raise ValueError("--release-image needs --shared (the node directory)")
         target = Path(dest) / "rt"
         return target, _copy_tree(src, target)
     key = tree_key(src)

@@ -98,7 +98,7 @@ def test_the_node_installer_names_the_tree_for_the_image_the_webhook_injects(
 
 
 def test_a_release_name_needs_the_node_directory(tree: Path, tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="--release needs --shared"):
+    with pytest.raises(ValueError, match="--release-image needs --shared"):
         install.install(str(tmp_path), None, "abc")
     with pytest.raises(ValueError, match="letters and digits"):
         install.install(str(tmp_path), str(tmp_path / "node"), "../evil")
