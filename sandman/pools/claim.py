@@ -169,40 +169,50 @@ async def claim(
     held but stays in its pool until ``leave_pool`` (a two-phase claim).
     """
     rng = rng or random.Random()
-    if candidates is None:
-        candidates, _ = await list_all(kube, PODS, namespace, label_selector=pool_selector(pool))
-    ranked = rank(candidates, rng)
-    if ready_only:
-        ranked = [p for p in ranked if startup.ready(p)]
     conflicts = 0
-    for pod in ranked[:MAX_TRIES_PER_LIST]:
-        now = utc_now()
-        try:
-            won = await kube.patch(
-                PODS,
-                pod["metadata"]["name"],
-                claim_patch(pod, claimer=claimer, now=now, ttl=ttl)
-                if leave
-                else hold_patch(pod, claimer=claimer, now=now, ttl=ttl)
-                + cheapest_to_delete_patch(),
-                namespace,
-                content_type=JSON_PATCH,
+    # A cached list whose every try lost may just be stale (pods claimed a
+    # moment ago still look idle in it): one fresh list before giving up.
+    passes = (False, True) if candidates is not None else (True,)
+    for fresh in passes:
+        if fresh:
+            candidates, _ = await list_all(
+                kube, PODS, namespace, label_selector=pool_selector(pool)
             )
-        except ApiError as e:
-            # 422: a test op failed (someone else won); 404: the pod went away;
-            # 409: the apiserver gave up retrying under heavy contention;
-            # 403: policy refused the lease (the pod is too old for this ttl
-            # under the max lifetime): a younger pod may still do.
-            if e.status in (403, 404, 409, 422):
-                conflicts += 1
+        assert candidates is not None
+        ranked = rank(candidates, rng)
+        if ready_only:
+            ranked = [p for p in ranked if startup.ready(p)]
+        lost_before = conflicts
+        for pod in ranked[:MAX_TRIES_PER_LIST]:
+            now = utc_now()
+            try:
+                won = await kube.patch(
+                    PODS,
+                    pod["metadata"]["name"],
+                    claim_patch(pod, claimer=claimer, now=now, ttl=ttl)
+                    if leave
+                    else hold_patch(pod, claimer=claimer, now=now, ttl=ttl)
+                    + cheapest_to_delete_patch(),
+                    namespace,
+                    content_type=JSON_PATCH,
+                )
+            except ApiError as e:
+                # 422: a test op failed (someone else won); 404: the pod went away;
+                # 409: the apiserver gave up retrying under heavy contention;
+                # 403: policy refused the lease (the pod is too old for this ttl
+                # under the max lifetime): a younger pod may still do.
+                if e.status in (403, 404, 409, 422):
+                    conflicts += 1
+                    continue
+                raise
+            if reuse.restarts(won):
+                # It restarted after the candidates were listed: ours now, so ours
+                # to replace (deleted; the ReplicaSet refills), never to hand out.
+                await _discard(kube, namespace, won)
                 continue
-            raise
-        if reuse.restarts(won):
-            # It restarted after the candidates were listed: ours now, so ours
-            # to replace (deleted; the ReplicaSet refills), never to hand out.
-            await _discard(kube, namespace, won)
-            continue
-        return ClaimResult(won, conflicts, startup.ready(won))
+            return ClaimResult(won, conflicts, startup.ready(won))
+        if conflicts == lost_before:
+            break  # nothing in it was stale: a fresh list would say the same
     raise NoIdlePod(
         f"pool {pool}: no idle pod to claim"
         + (f" ({conflicts} lost to other claimers)" if conflicts else "")
