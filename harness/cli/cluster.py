@@ -189,7 +189,10 @@ def _print_deployments(cluster: LocalCluster) -> None:
     for d in apps.list_namespaced_deployment(NAMESPACE).items:
         ready = d.status.available_replicas or 0
         print(f"  {d.metadata.name:<24}{ready}/{d.spec.replicas} available")
-    for ds in apps.list_namespaced_daemon_set(NAMESPACE).items:
+    # The node installer has a namespace of its own (sandman-node).
+    for ds in apps.list_daemon_set_for_all_namespaces(
+        label_selector="app.kubernetes.io/part-of=sandman"
+    ).items:
         have, want = ds.status.number_available or 0, ds.status.desired_number_scheduled
         print(f"  {ds.metadata.name:<24}{have}/{want} nodes")
 
