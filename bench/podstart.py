@@ -41,6 +41,7 @@ from sandman.harness.cluster.local import LocalCluster
 from sandman.harness.cluster.node import RealNode
 from sandman.harness.testing import policy_rule, real_node_bench
 from sandman.kube_async import NAMESPACES, PODS, ApiError, KubeClient, list_all
+from sandman.webhook.mutate import delivery_of
 
 REAL = {LABEL_NODE_KIND: "real"}
 COMMAND = ["sleep", "infinity"]
@@ -197,15 +198,6 @@ async def wait_delivery(client: SandmanClient, image: str, delivery: str) -> Non
         if time.monotonic() > deadline:
             raise RuntimeError(f"the webhook never chose the {delivery} delivery")
         await asyncio.sleep(1)
-
-
-def delivery_of(pod: dict[str, Any]) -> str:
-    """Which delivery the webhook gave ``pod``: a node directory with (shared)
-    or without (node) an install step, else the copy."""
-    spec = pod.get("spec") or {}
-    if not any("hostPath" in v for v in spec.get("volumes") or []):
-        return "copy"
-    return "shared" if spec.get("initContainers") else "node"
 
 
 async def _round(

@@ -146,6 +146,17 @@ class InjectionSettings:
     set_scheduler: bool = True
 
 
+def delivery_of(pod: dict[str, Any]) -> str:
+    """Which delivery an injected ``pod`` got (the choice read back): the
+    node directory with (shared) or without (node) the install step, else
+    the copy."""
+    spec = pod.get("spec") or {}
+    if not any(v.get("name") == DAEMON_SHARED_VOLUME for v in spec.get("volumes") or []):
+        return "copy"
+    inits = spec.get("initContainers") or []
+    return "shared" if any(c.get("name") == INIT_CONTAINER for c in inits) else "node"
+
+
 def delivery_for(
     default: str, rule_choice: str | None, namespace_labels: Mapping[str, str]
 ) -> tuple[str, str | None]:

@@ -31,11 +31,10 @@ from sandman.harness.cluster.local import LocalCluster
 from sandman.harness.cluster.node import RealNode
 from sandman.harness.kube import raw
 from sandman.harness.testing import policy_rule, wait_for, wait_ready
-from sandman.webhook.mutate import DEFAULT_SHARED_DIR
+from sandman.webhook.mutate import DEFAULT_SHARED_DIR, delivery_of
 from tests.e2e.test_sandbox import call, namespace_key
 
 POLICY_LABEL = "sandman.dev/policy-test"
-SHARED_RULE = "test-shared-daemon"
 NODE_DIR = Path(DEFAULT_SHARED_DIR)  # the webhook's --daemon-shared-dir default
 
 
@@ -100,19 +99,31 @@ def test_copied_tree_runs_the_daemon_as_pid1_in_any_image(
 
 
 # -- the shared delivery -----------------------------------------------------------
-def shared_policy(cluster: LocalCluster) -> contextlib.AbstractContextManager[None]:
-    """A rule choosing the shared delivery for labelled namespaces (a copy of
-    the cluster's default rule otherwise), prepended for the block."""
-    return policy_rule(
-        cluster, SHARED_RULE, {POLICY_LABEL: "shared-daemon"}, daemonDelivery="shared"
-    )
+def _delivered_sandboxes(
+    cluster: LocalCluster,
+    core: CoreV1Api,
+    namespace: str,
+    image: str,
+    delivery: str,
+    names: tuple[str, ...],
+) -> list[tuple[dict[str, Any], str]]:
+    """Sandboxes of ``namespace`` started with ``delivery``: a rule choosing it
+    for the namespace's label (a copy of the cluster's default rule
+    otherwise), prepended while they are created."""
+    label = f"{delivery}-daemon"
+    with policy_rule(cluster, f"test-{label}", {POLICY_LABEL: label}, daemonDelivery=delivery):
+        core.patch_namespace(namespace, {"metadata": {"labels": {POLICY_LABEL: label}}})
+        wait_for(
+            lambda: _dry_run_delivery(core, namespace, image) == delivery,
+            timeout=60,
+            what=f"the webhook to choose the {delivery} delivery for the namespace",
+        )
+        return _sandboxes(core, namespace, image, names)
 
 
 def _dry_run_delivery(core: CoreV1Api, namespace: str, image: str) -> str:
     """The delivery the webhook gives a sandbox of ``namespace`` now ("?" if
     it cannot be asked)."""
-    from sandman.bench.podstart import delivery_of
-
     try:
         got = raw(
             core.create_namespaced_pod(
@@ -154,14 +165,9 @@ def test_shared_delivery_two_sandboxes_one_tree_that_neither_can_change(
     images: dict[str, str],
 ) -> None:
     existed = {p.name for p in NODE_DIR.iterdir()} if NODE_DIR.is_dir() else None
-    with shared_policy(cluster):
-        core.patch_namespace(namespace, {"metadata": {"labels": {POLICY_LABEL: "shared-daemon"}}})
-        wait_for(
-            lambda: _dry_run_delivery(core, namespace, images["tiny"]) == "shared",
-            timeout=60,
-            what="the webhook to choose the shared delivery for the namespace",
-        )
-        (a, token_a), (b, token_b) = _sandboxes(core, namespace, images["tiny"], ("a", "b"))
+    (a, token_a), (b, token_b) = _delivered_sandboxes(
+        cluster, core, namespace, images["tiny"], "shared", ("a", "b")
+    )
     try:
         both = ((a, token_a), (b, token_b))
         links = [sh(p, t, "readlink /.sandman/rt")["stdout"].strip() for p, t in both]
@@ -221,7 +227,6 @@ def test_shared_delivery_two_sandboxes_one_tree_that_neither_can_change(
 
 
 # -- the node delivery -------------------------------------------------------------
-NODE_RULE = "test-node-daemon"
 
 # What a root agent tries against the node's tree mounted at /.sandman/rt.
 NODE_ATTACKS = {
@@ -245,14 +250,9 @@ def test_node_delivery_runs_the_nodes_tree_with_no_install_step_and_none_can_cha
     namespace: str,
     images: dict[str, str],
 ) -> None:
-    with policy_rule(cluster, NODE_RULE, {POLICY_LABEL: "node-daemon"}, daemonDelivery="node"):
-        core.patch_namespace(namespace, {"metadata": {"labels": {POLICY_LABEL: "node-daemon"}}})
-        wait_for(
-            lambda: _dry_run_delivery(core, namespace, images["tiny"]) == "node",
-            timeout=60,
-            what="the webhook to choose the node delivery for the namespace",
-        )
-        (a, token_a), (b, token_b) = _sandboxes(core, namespace, images["tiny"], ("na", "nb"))
+    (a, token_a), (b, token_b) = _delivered_sandboxes(
+        cluster, core, namespace, images["tiny"], "node", ("na", "nb")
+    )
     try:
         both = ((a, token_a), (b, token_b))
         for p, _ in both:

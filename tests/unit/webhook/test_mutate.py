@@ -438,6 +438,16 @@ def test_node_mode_has_no_install_step_and_mounts_the_nodes_tree_read_only() -> 
     assert mode == "copy" and note is not None and "baseline" in note
 
 
+def test_the_delivery_an_injected_pod_got_reads_back() -> None:
+    from dataclasses import replace
+
+    from sandman.webhook.mutate import delivery_of
+
+    for delivery in ("copy", "shared", "node"):
+        out, _ = injected(pod(), settings=replace(SETTINGS, daemon_delivery=delivery))
+        assert delivery_of(out) == delivery
+
+
 def test_copy_mode_is_the_default_and_a_rule_can_opt_out_of_shared() -> None:
     from dataclasses import replace
 
