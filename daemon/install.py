@@ -11,8 +11,9 @@ Runs in the init container, from the daemon image, whose tree lies at
   VERSION file), and ``DEST/rt`` becomes a symlink to
   ``/.sandman/shared/<key>/rt``: nothing is copied for later pods.
 
-With ``--release NAME`` (the node installer, a DaemonSet: the "node"
-delivery), ``DIR/release/NAME`` is made a symlink to ``../<key>/rt`` after
+With ``--release-image IMAGE`` (the node installer, a DaemonSet: the
+"node" delivery), ``DIR/release/NAME`` (NAME = ``daemon_release(IMAGE)``)
+is made a symlink to ``../<key>/rt`` after
 the tree is in place; sandboxes then mount that path read-only at
 ``/.sandman/rt`` and need no install step of their own.
 
@@ -100,7 +101,7 @@ def install(
     _link(Path(dest) / "rt", f"{SHARED_MOUNT}/{key}/rt")
     if release is not None:
         if not release.isalnum():
-            raise ValueError(f"--release {release!r}: letters and digits only")
+            raise ValueError(f"release name {release!r}: letters and digits only")
         # Relative, so it resolves on the node (the kubelet mounts it) as in here.
         _link(Path(shared_dir) / DAEMON_RELEASES / release, f"../{key}/rt")
     return target, copied

@@ -50,9 +50,6 @@ UNSCHEDULABLE_GRACE = dt.timedelta(seconds=30)
 # pod network; 50 ms keeps that under ~20 requests per start while adding at
 # most 50 ms to it (the kubelet's own probe runs every second at best).
 DAEMON_POLL_S = 0.05
-# What a pod deleted under a watch is reported as, by what was being waited for.
-START_GONE = "the pod was deleted before it was Ready"
-WAIT_GONE = "the pod was deleted while waiting for its status"
 
 
 @dataclass
@@ -306,19 +303,28 @@ class Sandbox:
         running, so a caller that needs status fields (``imageID``,
         ``startedAt``) waits here for them. TimeoutError after ``timeout_s``.
         """
-        async with asyncio.timeout(timeout_s):
-            await self._watch_until(until, gone=WAIT_GONE)
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._watch_until(until)
+        except SandboxStartError as e:
+            if e.reason != SandboxStartError.DELETED:
+                raise
+            # Not a start any more: say what was being waited for.
+            raise SandboxStartError(
+                e.reason,
+                "the pod was deleted while waiting for its status",
+                retryable=e.retryable,
+                pod=self.name,
+            ) from None
         return self.pod
 
     async def _watch_until_ready(self, t0: float, grace: dt.timedelta) -> None:
         await self._watch_until(lambda pod: self._observe(pod, t0, grace))
 
-    async def _watch_until(
-        self, done: Callable[[dict[str, Any]], bool], gone: str = START_GONE
-    ) -> None:
+    async def _watch_until(self, done: Callable[[dict[str, Any]], bool]) -> None:
         async with self.client.pod_watch.follow(self.namespace, self.name) as events:
             # MUST read after following: a change between the two would be lost.
-            await self._reread(gone)
+            await self._reread()
             if done(self.pod):
                 return
             while True:
@@ -326,31 +332,31 @@ class Sandbox:
                 if kind == podwatch.ERROR:
                     raise obj
                 if kind == podwatch.RESYNC:
-                    await self._reread(gone)
+                    await self._reread()
                 elif not self._newer(obj):
                     continue  # another pod of the name, or older than what we hold
                 elif kind == "DELETED":
-                    self._gone(gone)
+                    self._gone()
                 else:
                     self.pod = obj
                 if done(self.pod):
                     return
 
-    async def _reread(self, gone: str = START_GONE) -> None:
+    async def _reread(self) -> None:
         try:
             pod = await self.client.kube.get(PODS, self.name, self.namespace)
         except ApiError as e:
             if e.not_found:
-                self._gone(gone)
+                self._gone()
             raise
         if pod["metadata"].get("uid") != self.pod["metadata"].get("uid"):
-            self._gone(gone)  # the name now belongs to another pod
+            self._gone()  # the name now belongs to another pod
         self.pod = pod
 
-    def _gone(self, message: str) -> NoReturn:
+    def _gone(self) -> NoReturn:
         raise SandboxStartError(
             SandboxStartError.DELETED,
-            message,
+            "the pod was deleted before it was Ready",
             retryable=True,
             pod=self.name,
         )
