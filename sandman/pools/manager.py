@@ -101,6 +101,11 @@ class _Pool:
     rs: dict[str, Any]
     health: PoolHealth = field(default_factory=PoolHealth)
     changed: asyncio.Event = field(default_factory=asyncio.Event)  # a pod of it changed
+    # One replicas write at a time: each is a JSON patch tested against the
+    # last written value, so two in flight (two claims settling) made the
+    # second fail its test, and a two-phase claim that lost its scale-down
+    # still left the pool: the ReplicaSet refilled its place (CI, 2026-12-01).
+    scaling: asyncio.Lock = field(default_factory=asyncio.Lock)
     status_written: tuple[float, str] = (0.0, "")
 
 
@@ -325,15 +330,20 @@ class PoolManager:
         two-phase claim, two through the validating webhook, measured at
         0.9 s p50 per warm claim inside a fleet on the loaded 2-core machine
         (docs/pools.md). Same writes, same order, same decisions (made at
-        claim time, as before); only the claimer no longer waits.
+        claim time, as before); only the claimer no longer waits (which
+        also lets a two-phase claim wait for the controller before leaving).
         """
         try:
             if two_phase:
-                # MUST scale down before the pod leaves: the ReplicaSet's pick
-                # is then the held pod (refused), and no refill is created.
+                # MUST scale down before the pod leaves, and the ReplicaSet
+                # controller MUST have seen it: its pick is then the held pod
+                # (refused), and no refill is created. Its pod and ReplicaSet
+                # caches are separate watches, so the pod's leaving can reach
+                # it first: with only our write done, it refilled (CI, 2026-12-01).
                 if managed:
                     self.stats.refills_avoided += 1
-                    await self._scale(pool, plan.scale_to)
+                    await self._shrink_to(pool, plan.scale_to)
+                    await self._observed(pool)
                 try:
                     await leave_pool(self.kube, self.namespace, pod)
                 except ApiError as e:
@@ -346,7 +356,7 @@ class PoolManager:
                 self.stats.refills_charged += 1
             else:
                 self.stats.refills_deferred += 1
-                await self._scale(pool, plan.scale_to)
+                await self._shrink_to(pool, plan.scale_to)
         except (ApiError, OSError, TimeoutError) as e:
             log.warning("pool %s: settling the claim of %s: %s", pool, pod_name(pod), e)
         finally:
@@ -381,7 +391,7 @@ class PoolManager:
         for name in names:
             p = self._pools[name]
             if p.target < p.replicas:
-                await self._scale(name, p.target)
+                await self._shrink_to(name, p.target, attempts=1)
         # Each token goes to the wanting pool that holds the fewest pods, so
         # one big pool cannot starve the others of the shared budget (ties go
         # by the rotating order).
@@ -396,7 +406,7 @@ class PoolManager:
                 wanting.remove(name)
         for name, n in grants.items():
             if n and name in self._pools:
-                await self._scale(name, self._pools[name].replicas + n)
+                await self._scale(name, lambda now, n=n: now + n)
         now = time.monotonic()
         for name in names:
             if name in self._pools:
@@ -427,13 +437,55 @@ class PoolManager:
         # A failing pool stays as it is: more pods would fail the same way.
         return p.target > p.replicas and p.health.condition != FAILING
 
-    async def _scale(self, pool: str, replicas: int) -> bool:
+    async def _shrink_to(self, pool: str, replicas: int, *, attempts: int = 3) -> None:
+        """Bring the pool down to ``replicas`` if it is above; never up.
+
+        A claim's scale-down is tried again after a conflict (someone else
+        wrote the ReplicaSet): lost, the claimed pod's place would be refilled.
+        """
+        for _ in range(attempts):
+            if await self._scale(pool, lambda now: min(now, replicas)):
+                return
+
+    async def _observed(self, pool: str, timeout_s: float = 5.0) -> None:
+        """Wait until the ReplicaSet controller has acted on our last write
+        (``status.observedGeneration``); on timeout, go on (logged): the
+        worst case is one refill, which the pool's loop scales away."""
         p = self._pools.get(pool)
-        if p is None or replicas == p.replicas:
+        if p is None:
+            return
+        want = int(p.rs["metadata"].get("generation", 0))
+        deadline, pause = time.monotonic() + timeout_s, 0.01
+        rs = p.rs
+        while int(rs.get("status", {}).get("observedGeneration", 0)) < want:
+            if time.monotonic() > deadline:
+                log.warning("pool %s: generation %d not observed in %.0fs", pool, want, timeout_s)
+                return
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.2)
+            try:
+                rs = await self.kube.get(REPLICASETS, replicaset_name(pool), self.namespace)
+            except ApiError as e:
+                if e.not_found:
+                    return
+                raise
+
+    async def _scale(self, pool: str, to: Callable[[int], int]) -> bool:
+        """Write ``to(last written replicas)``, one write per pool at a time.
+        False when the write lost to another writer (the value is re-read)."""
+        p = self._pools.get(pool)
+        if p is None:
             return True
+        async with p.scaling:
+            replicas = max(0, to(p.replicas))
+            if replicas == p.replicas or pool not in self._pools:
+                return True
+            return await self._write_replicas(pool, p, replicas)
+
+    async def _write_replicas(self, pool: str, p: _Pool, replicas: int) -> bool:
         patch = [
             {"op": "test", "path": "/spec/replicas", "value": p.replicas},
-            {"op": "replace", "path": "/spec/replicas", "value": max(0, replicas)},
+            {"op": "replace", "path": "/spec/replicas", "value": replicas},
         ]
         self.stats.scale_writes += 1
         try:
@@ -442,7 +494,7 @@ class PoolManager:
             )
         except ApiError as e:
             if e.not_found:  # the pool was deleted meanwhile
-                return False
+                return True
             if e.status not in (409, 422):
                 raise
             self.stats.scale_conflicts += 1
@@ -450,7 +502,7 @@ class PoolManager:
                 p.rs = await self.kube.get(REPLICASETS, replicaset_name(pool), self.namespace)
             except ApiError as again:
                 if again.not_found:  # deleted between the write and the re-read
-                    return False
+                    return True
                 raise
             p.replicas = int(p.rs["spec"]["replicas"])
             return False

@@ -173,6 +173,9 @@ async def test_claim_through_the_manager_refills_only_while_wanted(
     async with PoolManager(kube, namespace, ManagerConfig(tick_s=0.05)) as pm:
         await pm.ensure(kwok_pool("tail", size=3))
         await wait_idle(kube, namespace, "tail", 3)
+        # The manager decides from its own cache, which can trail the API:
+        # with a pod still starting there, a claim is rightly one-phase.
+        await async_wait_for(lambda: pm.health("tail").ready == 3, what="manager sees 3 ready")
         # Demand of 3 met by the 3 warm pods: claims must not cause refills.
         for _ in range(3):
             await pm.claim("tail", claimer="me", ttl=dt.timedelta(minutes=5))
