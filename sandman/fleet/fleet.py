@@ -119,6 +119,10 @@ class Fleet:
         self.state = [ProblemState(i, rollouts, rollouts, rollouts) for i in range(len(problems))]
         self.pools: dict[int, str] = {}
         self.pool_problem: dict[str, str] = {}
+        # Pools whose ensure has not returned or failed (a timeout, a 5xx, the
+        # run cancelled mid-create): the ReplicaSet may exist all the same, so
+        # the cleanup deletes them too.
+        self.unconfirmed: set[str] = set()
         self.changed = asyncio.Event()
         self.replan = asyncio.Event()
         self.plan_lock = asyncio.Lock()
@@ -149,8 +153,7 @@ class Fleet:
                 await self._plan()
                 await self._dispatch(rollouts)
             finally:
-                planner.cancel()
-                await asyncio.shield(self._cleanup())
+                await asyncio.shield(self._stop_planning(planner))
         c = self.data.counters
         if self.prepuller is not None:
             c.prepulls, c.prepulls_skipped = self.prepuller.created, self.prepuller.skipped
@@ -241,6 +244,7 @@ class Fleet:
         new = {i: f"{self.run_id}-{i}" for i in targets if i not in self.pools}
         for i, name in new.items():
             self.pool_problem[name] = self.problems[i].id
+        self.unconfirmed.update(new.values())  # until its ensure has returned
         made = await asyncio.gather(
             *(self.pm.ensure(self._pool_spec(new[i], self.problems[i], targets[i])) for i in new),
             return_exceptions=True,
@@ -251,11 +255,21 @@ class Fleet:
                 failed = failed or err
             else:
                 self.pools[i] = name
+                self.unconfirmed.discard(name)
         for i, n in targets.items():
             if i in self.pools:
                 self.pm.set_target(self.pools[i], n)
-        gone = [self.pools.pop(i) for i in list(self.pools) if i not in targets]
-        await asyncio.gather(*(self.pm.delete(name) for name in gone))
+        # A pool is forgotten only once its delete succeeded: one that failed
+        # is deleted again at the next plan or at the cleanup, never left.
+        gone = [i for i in self.pools if i not in targets]
+        deleted = await asyncio.gather(
+            *(self.pm.delete(self.pools[i]) for i in gone), return_exceptions=True
+        )
+        for i, err in zip(gone, deleted, strict=True):
+            if isinstance(err, BaseException):
+                failed = failed or err
+            else:
+                del self.pools[i]
         if self.prepuller is not None:
             begun = [s.undispatched < s.rollouts for s in self.state]
             ahead = choose_problems(cfg.strategy, cfg.window, remaining, begun, cfg.prepull_ahead)
@@ -556,14 +570,34 @@ class Fleet:
         except (ApiError, OSError, TimeoutError) as e:
             log.warning("release of %s failed (%s); its lease will end it", sb.name, e)
 
+    async def _stop_planning(self, planner: asyncio.Task[None]) -> None:
+        """Stop the planner between plans, then delete the run's pools.
+
+        Cancelled mid-plan, a pool create or delete already sent could land
+        with the fleet never recording it: a ReplicaSet left behind after the
+        run (seen in CI, 2026-12-01). Taking the plan lock first lets a plan
+        in flight finish, so every pool it made is in ``self.pools``.
+        """
+        async with self.plan_lock:
+            planner.cancel()
+            try:
+                await planner
+            except asyncio.CancelledError:
+                pass
+            except Exception:  # its error must not keep the pools from being deleted
+                log.exception("the pool planner failed")
+            await self._cleanup()
+
     async def _cleanup(self) -> None:
         if self.prepuller is not None:
             await self.prepuller.close()
-        for i in list(self.pools):
+        names = [self.pools.pop(i) for i in list(self.pools)] + sorted(self.unconfirmed)
+        for name in names:
             try:
-                await self.pm.delete(self.pools.pop(i))
+                await self.pm.delete(name)
             except (ApiError, OSError, TimeoutError) as e:
                 log.warning("pool cleanup: %s", e)
+        self.unconfirmed.clear()
         for s in self.state:
             while s.idle:
                 await self._release(s.idle.pop())

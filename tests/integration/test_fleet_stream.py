@@ -14,7 +14,7 @@ from sandman.fleet.fleet import Fleet, FleetConfig, Problem
 from sandman.fleet.records import Outcome, RolloutRecord
 from sandman.harness.cluster.kwok_nodes import KWOK_IMAGE, KWOK_TOLERATION, NODE_KIND_LABEL
 from sandman.harness.cluster.local import LocalCluster
-from sandman.kube_async import PODS
+from sandman.kube_async import PODS, REPLICASETS
 
 # Bounds a hang, never a speed: a fleet that only reported at the end would block here.
 WAIT_S = 120
@@ -83,3 +83,34 @@ async def test_a_failing_callback_is_raised_after_the_run_cleans_up(sdk: Sandman
         PODS, sdk.namespace, label_selector=f"sandman.dev/run={fleet.run_id}"
     )
     assert all(p["metadata"].get("deletionTimestamp") for p in pods["items"])
+
+
+async def test_a_run_cancelled_while_its_pools_are_made_leaves_none(sdk: SandmanClient) -> None:
+    """Cancelled mid-plan (pool creates in flight), the run still deletes every
+    pool it may have made: none is left for nobody to manage."""
+    problems = [Problem(f"p{i}", KWOK_IMAGE) for i in range(8)]
+
+    async def task(sb: Sandbox, problem: Problem, rollout: int) -> float:
+        await asyncio.sleep(3600)
+        return 1.0
+
+    fleet = Fleet(sdk, kwok_config(strategy="naive"))
+    run = asyncio.create_task(fleet.run(problems, 2, task))
+    prefix = f"pool-{fleet.run_id}-"
+
+    async def pools() -> list[str]:
+        rs = (await sdk.kube.list(REPLICASETS, sdk.namespace))["items"]
+        return [
+            r["metadata"]["name"]
+            for r in rs
+            if r["metadata"]["name"].startswith(prefix)
+            and not r["metadata"].get("deletionTimestamp")
+        ]
+
+    async with asyncio.timeout(WAIT_S):
+        while not await pools():  # the first pool exists: the others are on their way
+            await asyncio.sleep(0.01)
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert await pools() == []
