@@ -33,7 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sandman.bench.podstart import COMMAND, REAL, delivery_policy, wait_delivery
+from sandman.bench.delivery import delivery_policy, wait_delivery
+from sandman.bench.podstart import COMMAND, REAL
 from sandman.bench.report import table
 from sandman.client import Sandbox, SandboxStartError, SandmanClient
 from sandman.contract import LABEL_BENCH

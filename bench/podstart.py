@@ -29,26 +29,23 @@ import json
 import os
 import secrets
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from sandman.bench import podstart_trace as trace
+from sandman.bench.delivery import delivery_policy, wait_delivery
 from sandman.bench.report import table
 from sandman.client import Sandbox, SandmanClient
 from sandman.contract import LABEL_BENCH, LABEL_NODE_KIND
 from sandman.harness.cluster.local import LocalCluster
 from sandman.harness.cluster.node import RealNode
-from sandman.harness.testing import policy_rule, real_node_bench
+from sandman.harness.testing import real_node_bench
 from sandman.kube_async import NAMESPACES, PODS, ApiError, KubeClient, list_all
-from sandman.webhook.mutate import delivery_of
 
 REAL = {LABEL_NODE_KIND: "real"}
 COMMAND = ["sleep", "infinity"]
 INIT, MAIN = "sandman-install", "main"
 POD_LOGS = "/var/log/pods"  # the kubelet's podLogsDirectory (its default)
-POLICY_LABEL = "sandman.dev/policy-test"
-RULE_PREFIX = "bench-podstart-"  # + the delivery: the policy rule of its namespace
 KUBE_CONNECTIONS = 256
 
 
@@ -88,20 +85,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         results[f"pod_first_command_p50_ms_{level}"] = doc["p50_ms"]["total"]
     print(markdown(results))
     return results
-
-
-@contextlib.contextmanager
-def delivery_policy(cluster: LocalCluster, delivery: str) -> Iterator[dict[str, str]]:
-    """Namespace labels that get ``delivery`` (a prepended policy rule for
-    shared and node)."""
-    if delivery == "copy":
-        yield {}
-        return
-    if delivery not in ("shared", "node"):
-        raise SystemExit(f"--delivery: copy, shared or node, not {delivery!r}")
-    rule = f"{RULE_PREFIX}{delivery}"
-    with policy_rule(cluster, rule, {POLICY_LABEL: rule}, daemonDelivery=delivery):
-        yield {POLICY_LABEL: rule}
 
 
 async def _bench(
@@ -175,29 +158,6 @@ async def _quiet(max_load: float) -> None:
     deadline = time.monotonic() + 600
     while os.getloadavg()[0] > max_load and time.monotonic() < deadline:
         await asyncio.sleep(10)
-
-
-async def wait_delivery(client: SandmanClient, image: str, delivery: str) -> None:
-    """Until a dry-run sandbox gets the delivery asked for (the webhooks reload
-    the policy on their own schedule)."""
-    from sandman.client.sandbox import build_pod
-
-    body = build_pod(image, name="probe", command=COMMAND, env={}, resources=None, ttl=None,
-                     idle_timeout=None, profile=None, workspace=None, labels={},
-                     annotations={}, node_selector=REAL, tolerations=None)  # fmt: skip
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            got = await client.kube.create(PODS, body, client.namespace, dry_run="All")
-        except ApiError as e:
-            if e.status < 500 or time.monotonic() > deadline:
-                raise
-            got = {"spec": {}}  # the webhook is down or slow: ask again
-        if got["spec"] and delivery_of(got) == delivery:
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the webhook never chose the {delivery} delivery")
-        await asyncio.sleep(1)
 
 
 async def _round(

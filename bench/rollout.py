@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sandman.bench.delivery import delivery_policy, wait_delivery
 from sandman.bench.report import table
 from sandman.bench.task_images import build_task_images
 from sandman.client import Sandbox, SandmanClient
@@ -47,7 +48,7 @@ from sandman.fleet.records import RunData
 from sandman.fleet.report import compare_text, summarize
 from sandman.fleet.strategies import STRATEGIES
 from sandman.harness.cluster.config import KwokNodeShape
-from sandman.harness.cluster.kwok_nodes import KWOK_TOLERATION, kwok_node
+from sandman.harness.cluster.kwok_nodes import KWOK_IMAGE, KWOK_TOLERATION, kwok_node
 from sandman.harness.cluster.kwok_pull import PullNodes
 from sandman.harness.cluster.local import LocalCluster
 from sandman.harness.cluster.pullmodel import PullModel
@@ -106,6 +107,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--skip-real", action="store_true", help="no real-node scenario")
     p.add_argument("--skip-kwok", action="store_true", help="no kwok scenario")
     p.add_argument("--png", type=Path, default=None, help="timeline plot (one panel per run)")
+    p.add_argument(
+        "--delivery",
+        default="copy",
+        help="the daemon's delivery in the bench's namespace: copy (the default install's), "
+        "shared or node (a policy rule of the bench's own, for the run)",
+    )
 
 
 @dataclass(frozen=True)
@@ -285,20 +292,22 @@ async def _scenario(
     print(compare_text(sums), flush=True)
 
 
-async def _main(args: argparse.Namespace, bed: Bed) -> dict[str, Any]:
+async def _main(args: argparse.Namespace, bed: Bed, ns_labels: dict[str, str]) -> dict[str, Any]:
     scenarios = set(args.scenarios.split(","))
     if args.skip_real:
         scenarios -= {"real", "real-pull"}
     if args.skip_kwok:
         scenarios -= {"kwok", "kwok-pull"}
-    results: dict[str, Any] = {"load_start": loadavg()}
+    results: dict[str, Any] = {"load_start": loadavg(), "delivery": args.delivery}
     all_data: list[RunData] = []
     pools = ManagerConfig(create_rate=args.create_rate, create_burst=int(args.create_rate))
     ns = f"bench-rollout-{secrets.token_hex(3)}"
     tag = ns[-6:]
     async with SandmanClient(kubeconfig=bed.kubeconfig, namespace=ns) as client:
-        await client.kube.create(NAMESPACES, {"metadata": {"name": ns}})
+        await client.kube.create(NAMESPACES, {"metadata": {"name": ns, "labels": ns_labels}})
         try:
+            if ns_labels:
+                await wait_delivery(client, KWOK_IMAGE, args.delivery)
             real_base = dict(
                 concurrency=args.concurrency,
                 window=args.window,
@@ -535,7 +544,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             work,
         )
         print(f"extender: {b.extender_url}; load {loadavg()}", flush=True)
-        results = asyncio.run(_main(args, b))
+        with delivery_policy(cluster, args.delivery) as ns_labels:
+            results = asyncio.run(_main(args, b, ns_labels))
     finally:
         bed.close()
     rows = []
