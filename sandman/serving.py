@@ -29,6 +29,14 @@ if TYPE_CHECKING:
 
 Background = Callable[[], Coroutine[Any, Any, None]]
 
+# Idle keep-alive connections are closed by the client, not by us: our
+# callers (the apiserver, kube-scheduler, Prometheus) are Go clients whose
+# idle timeout is 90 s (Go's default transport). A server that closes an idle
+# connection first (aiohttp's default: 75 s) races a request the client is
+# writing on it at that moment, which then fails with EOF (a POST is not
+# retried): an admission refused for no reason.
+KEEPALIVE_S = 120.0
+
 
 async def serve_app(
     app: web.Application,
@@ -38,15 +46,37 @@ async def serve_app(
     ssl_context: ssl.SSLContext | None = None,
     on_stop: Callable[[], None] | None = None,
     background: Sequence[Background] = (),
+    drain_s: float = 0.0,
+    stop: asyncio.Event | None = None,
 ) -> int:
-    """Serve ``app`` until SIGTERM or SIGINT; returns the exit code (0).
+    """Serve ``app`` until SIGTERM or SIGINT (or ``stop`` is set); returns
+    the exit code (0).
 
     ``background`` coroutines are process-level work (not the app's, which
     belongs in its cleanup_ctx): each starts once the site listens, so the
     app's cleanup_ctx has run its startup half, and is cancelled and awaited
     at the stop signal, before ``on_stop`` and the app's cleanup.
+
+    ``drain_s``: after the stop signal, keep serving that long, answering
+    every request with ``Connection: close``. A client's pooled keep-alive
+    connections to this process outlive its removal from the Service's
+    endpoints; closing them while idle races a request being written on one
+    (an admission failing with EOF during an upgrade, seen in CI). Closed
+    after a response, they are never reused; only connections that stay idle
+    through the whole drain are closed under the client.
     """
-    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    draining = False
+
+    async def close_when_draining(_request: web.Request, response: web.StreamResponse) -> None:
+        if draining:
+            response.force_close()  # we close after the response...
+            response.headers["Connection"] = "close"  # ...and the client knows
+
+    if drain_s > 0:
+        app.on_response_prepare.append(close_when_draining)
+    runner = web.AppRunner(
+        app, handle_signals=False, access_log=None, keepalive_timeout=KEEPALIVE_S
+    )
     await runner.setup()
     # backlog 1024: a burst of pod creates opens many connections at once.
     site = web.TCPSite(
@@ -54,11 +84,16 @@ async def serve_app(
     )
     await site.start()
     tasks = [asyncio.ensure_future(fn()) for fn in background]
-    stop = asyncio.Event()
+    stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.remove_signal_handler(sig)
+    if drain_s > 0:
+        draining = True
+        await asyncio.sleep(drain_s)
     for t in tasks:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)

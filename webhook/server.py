@@ -56,6 +56,12 @@ log = logging.getLogger("sandman.webhook")
 # The apiserver's own cap on an admission request body is 3 MiB; a little more
 # leaves room for the AdmissionReview envelope.
 MAX_REVIEW_BYTES = 4 << 20
+# After SIGTERM (which follows the Deployment's 10 s preStop pause), admissions
+# are still answered this long, each closing its connection, so the
+# apiserver's pooled connections to this replica are retired one by one
+# instead of being closed under it (sandman.serving.serve_app).
+# preStop + drain stay well inside terminationGracePeriodSeconds (30).
+DRAIN_S = 5.0
 
 
 @dataclass
@@ -366,6 +372,7 @@ async def _serve(config: WebhookConfig) -> int:
         port=config.port,
         ssl_context=certs.ssl_context(),
         on_stop=app[STATE].stop.set,
+        drain_s=DRAIN_S,
     )
 
 

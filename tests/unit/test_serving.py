@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import socket
 from types import ModuleType
 from typing import Any
 
+import aiohttp
 import pytest
+from aiohttp import web
 
 from sandman.extender import config as extender_config
 from sandman.reaper import config as reaper_config
-from sandman.serving import add_listen_flag, parse_listen
+from sandman.serving import add_listen_flag, parse_listen, serve_app
 from sandman.webhook import config as webhook_config
 
 
@@ -62,3 +66,35 @@ def test_each_component_takes_listen_the_same_way(
     assert (c.host, c.port) == (default[0], 9999)
     c = _config(module, [*extra, "--listen=10.0.0.1:1234"])
     assert (c.host, c.port) == ("10.0.0.1", 1234)
+
+
+async def test_after_the_stop_signal_requests_are_answered_and_close_their_connection() -> None:
+    """The drain: keep-alive before the stop; after it, still answered, each
+    response closing its connection (so a client never reuses one we close)."""
+
+    async def ok(_request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_get("/", ok)
+    stop = asyncio.Event()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = asyncio.create_task(
+        serve_app(app, host="127.0.0.1", port=port, drain_s=1.0, stop=stop)
+    )
+    url = f"http://127.0.0.1:{port}/"
+    async with aiohttp.ClientSession() as http:
+        for _ in range(100):  # until the site listens
+            try:
+                async with http.get(url) as r:
+                    assert r.status == 200 and "close" not in r.headers.get("Connection", "")
+                break
+            except aiohttp.ClientConnectionError:
+                await asyncio.sleep(0.02)
+        stop.set()
+        await asyncio.sleep(0.1)
+        async with http.get(url) as r:  # in the drain: answered, and told to close
+            assert r.status == 200 and r.headers["Connection"] == "close"
+    assert await asyncio.wait_for(server, 10) == 0  # then it stops on its own
