@@ -29,9 +29,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import secrets
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +47,7 @@ from sandman.client import Sandbox, SandmanClient
 from sandman.contract import LABEL_BENCH, LABEL_NODE_KIND
 from sandman.fleet.fleet import Fleet, FleetConfig, Problem
 from sandman.fleet.plot import timeline_png
+from sandman.fleet.prepull import Where
 from sandman.fleet.records import RunData
 from sandman.fleet.report import compare_text, summarize
 from sandman.fleet.strategies import STRATEGIES
@@ -373,6 +377,28 @@ async def _main(args: argparse.Namespace, bed: Bed, ns_labels: dict[str, str]) -
     return results
 
 
+def wait_unheld(extender_url: str, images: Sequence[str], timeout_s: float) -> list[str]:
+    """Until the extender says no node holds or pulls ``images``; those it
+    still places when ``timeout_s`` ends."""
+    deadline = time.monotonic() + timeout_s
+    left = list(images)
+    while left and time.monotonic() < deadline:
+        still = []
+        for image in left:
+            url = f"{extender_url}/v1/images?{urllib.parse.urlencode({'image': image})}"
+            try:
+                with urllib.request.urlopen(url, timeout=5) as r:
+                    where = Where.from_answer(json.load(r))
+            except (OSError, ValueError):
+                where = None
+            if where is None or where.holders or where.pulling:
+                still.append(image)
+        left = still
+        if left:
+            time.sleep(2)
+    return left
+
+
 def _tagged(data: list[RunData], scenario: str) -> list[RunData]:
     for d in data:
         d.params["scenario"] = scenario
@@ -402,10 +428,22 @@ async def _real_pull(
     problems = [Problem(f"b{i}", ref) for i, ref in enumerate(refs)]
 
     def forget(_problems: list[Problem]) -> None:
-        """Every run starts without the images on the node."""
+        """Every run starts without the images on the node, and with the
+        extender knowing it: its index keeps what the previous run's pods
+        showed until the node's own image list refutes it (up to a minute),
+        and a pre-pull the extender thinks needless is skipped (the first
+        measurement, 20:52, pre-pulled nothing for that reason)."""
         for ref in refs:
             with contextlib.suppress(Exception):
                 node.crictl("rmi", ref)
+        if bed.extender_url is not None:
+            t0 = time.monotonic()
+            left = wait_unheld(bed.extender_url, refs, timeout_s=180)
+            print(
+                f"  images removed; the extender agreed in {time.monotonic() - t0:.0f}s"
+                + (f" (still holds {len(left)})" if left else ""),
+                flush=True,
+            )
 
     async def runs() -> list[RunData]:
         with throttled_pulls(
