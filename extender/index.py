@@ -7,6 +7,7 @@ the clock is injected.
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -107,6 +108,11 @@ class ImageIndex:
         self._pods: dict[str, _Pod] = {}
         self._observed: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._assumed: OrderedDict[str, float] = OrderedDict()  # uid -> expiry
+        # (when, node): a node whose list left an observation unrefuted only
+        # because it was too recent. A kubelet posts its status only when it
+        # changes (every 5 min otherwise), so the same list is re-applied here
+        # once the lag has passed, as if it had been posted again.
+        self._recheck: list[tuple[float, str]] = []
 
     def size_of(self, ref: ImageRef) -> int | None:
         return self._names.size_of(ref)
@@ -162,6 +168,13 @@ class ImageIndex:
             if expiry > now:
                 break
             self.remove_pod(uid)
+        while self._recheck and self._recheck[0][0] <= now:
+            _, node = heapq.heappop(self._recheck)
+            rec = self._nodes.get(node)
+            # Only a list that names images (a kubelet's; kwok nodes list
+            # none) is evidence worth re-applying (_invalidate queues no other).
+            if rec is not None and rec.reported:
+                self._invalidate(node, rec, now)
         return now
 
     # -- nodes ---------------------------------------------------------------
@@ -201,17 +214,22 @@ class ImageIndex:
 
     def _invalidate(self, node: str, rec: _Node, now: float) -> None:
         """Drop observations the node's own list refutes (see REPORT_LAG_S)."""
+        recheck = None
         for key in list(rec.observed):
             if key in rec.reported or rec.running[key] > 0:
                 continue
-            if self._observed.get((node, key), now) + self.limits.report_lag_s > now:
-                continue  # too recent to be in the list yet
+            due = self._observed.get((node, key), now) + self.limits.report_lag_s
+            if due > now:  # too recent to be in the list yet
+                recheck = due if recheck is None else min(recheck, due)
+                continue
             if rec.truncated:
                 size = self._names.size(key)
                 # Sorted largest first: only a bigger image's absence proves it gone.
                 if size is None or size <= rec.smallest:
                     continue
             self._forget_observation(node, key)
+        if recheck is not None and rec.reported:
+            heapq.heappush(self._recheck, (recheck, node))
 
     def remove_node(self, name: str) -> None:
         self._expire()

@@ -134,6 +134,33 @@ def test_untruncated_list_refutes_an_old_observation(clock: Clock) -> None:
     assert holders(ix, TASK) == {}
 
 
+def test_a_list_too_recent_to_refute_refutes_once_the_lag_has_passed(clock: Clock) -> None:
+    """A kubelet posts its image list only when it changes: the list that came
+    10 s after the image was removed is the last one for minutes, and must
+    still refute the observation once the lag has passed (seen in `sandman
+    bench rollout`: removed images were placed on the node for minutes)."""
+    ix = index(clock, report_lag_s=60.0)
+    ix.update_pod(pod("u1", "n1", (TASK, "started")))
+    ix.remove_pod("u1")
+    clock.now += 10
+    ix.update_node(report("n1", ((OTHER,), GB)))
+    assert "n1" in holders(ix, TASK)  # too soon: the list may lag the pull
+    clock.now += 49
+    assert "n1" in holders(ix, TASK)
+    clock.now += 1  # no new list, only time
+    assert holders(ix, TASK) == {}
+
+
+def test_a_node_that_lists_no_images_refutes_nothing_by_time_alone(clock: Clock) -> None:
+    ix = index(clock, report_lag_s=60.0)
+    ix.update_pod(pod("u1", "n1", (TASK, "started")))
+    ix.remove_pod("u1")
+    clock.now += 10
+    ix.update_node(report("n1"))  # kwok: no status.images at all
+    clock.now += 600  # (observations expire after 30 min)
+    assert holders(ix, TASK)["n1"] == ("observed",)
+
+
 def test_running_pod_is_evidence_the_list_cannot_refute(clock: Clock) -> None:
     ix = index(clock)
     ix.update_pod(pod("u1", "n1", (TASK, "started")))
