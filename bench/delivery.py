@@ -24,12 +24,21 @@ POLICY_LABEL = "sandman.dev/policy-test"
 RULE_PREFIX = "bench-delivery-"  # + the delivery: the policy rule of its namespaces
 
 
+def deliveries(value: str) -> list[str]:
+    """``--delivery`` (one or a comma list), checked before any cluster is
+    brought up for nothing."""
+    out = value.split(",")
+    for d in out:
+        if d not in DELIVERIES:
+            raise SystemExit(f"--delivery: one of {', '.join(DELIVERIES)}, not {d!r}")
+    return out
+
+
 @contextlib.contextmanager
 def delivery_policy(cluster: LocalCluster, delivery: str) -> Iterator[dict[str, str]]:
     """Namespace labels that get ``delivery`` (a prepended policy rule for
     shared and node; copy is the cluster's default)."""
-    if delivery not in DELIVERIES:
-        raise SystemExit(f"--delivery: one of {', '.join(DELIVERIES)}, not {delivery!r}")
+    deliveries(delivery)
     if delivery == "copy":
         yield {}
         return

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sandman.bench.delivery import delivery_policy, wait_delivery
+from sandman.bench.delivery import deliveries, delivery_policy, wait_delivery
 from sandman.bench.podstart import COMMAND, REAL
 from sandman.bench.report import table
 from sandman.client import Sandbox, SandboxStartError, SandmanClient
@@ -63,9 +63,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    asked = deliveries(args.delivery)
     with real_node_bench(args.image) as (cluster, node, ref):
         results: dict[str, Any] = {"image": ref}
-        for delivery in args.delivery.split(","):
+        for delivery in asked:
             with delivery_policy(cluster, delivery) as ns_labels:
                 results[delivery] = asyncio.run(
                     _fill(args, cluster, node, ref, delivery, ns_labels)

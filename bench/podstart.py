@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from sandman.bench import podstart_trace as trace
-from sandman.bench.delivery import delivery_policy, wait_delivery
+from sandman.bench.delivery import deliveries, delivery_policy, wait_delivery
 from sandman.bench.report import table
 from sandman.client import Sandbox, SandmanClient
 from sandman.contract import LABEL_BENCH, LABEL_NODE_KIND
@@ -65,11 +65,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    asked = deliveries(args.delivery)
     with real_node_bench(args.image) as (cluster, node, ref):
         results: dict[str, Any] = {"image": ref, "levels": {}}
         kubelet_log = node.layout.logs / "kubelet.log"
         offset = kubelet_log.stat().st_size if kubelet_log.exists() else 0
-        for delivery in args.delivery.split(","):
+        for delivery in asked:
             with delivery_policy(cluster, delivery) as ns_labels:
                 results["levels"].update(
                     asyncio.run(_bench(args, cluster, node, ref, delivery, ns_labels))
@@ -80,7 +81,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             results["kubelet_throttled_waits"] = sum("client-side throttling" in ln for ln in f)
     # The headline keys: the first delivery with the last signal asked for
     # (the default: copy, daemon).
-    head = f"{args.delivery.split(',')[0]}/{args.ready.split(',')[-1]}"
+    head = f"{asked[0]}/{args.ready.split(',')[-1]}"
     for level, doc in results["levels"][head].items():
         results[f"pod_first_command_p50_ms_{level}"] = doc["p50_ms"]["total"]
     print(markdown(results))

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sandman.bench.delivery import delivery_policy, wait_delivery
+from sandman.bench.delivery import deliveries, delivery_policy, wait_delivery
 from sandman.bench.report import table
 from sandman.bench.task_images import build_task_images
 from sandman.client import Sandbox, SandmanClient
@@ -567,6 +567,8 @@ async def _kwok_pull(
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    if len(deliveries(args.delivery)) != 1:
+        raise SystemExit("--delivery: one delivery per rollout run")
     scenarios = set(args.scenarios.split(","))
     need_real = not args.skip_real and bool(scenarios & {"real", "real-pull"})
     bed = bench_bed(need_real_node=need_real)
