@@ -33,7 +33,6 @@ import json
 import os
 import secrets
 import time
-import urllib.parse
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -385,9 +384,8 @@ def wait_unheld(extender_url: str, images: Sequence[str], timeout_s: float) -> l
     while left and time.monotonic() < deadline:
         still = []
         for image in left:
-            url = f"{extender_url}/v1/images?{urllib.parse.urlencode({'image': image})}"
             try:
-                with urllib.request.urlopen(url, timeout=5) as r:
+                with urllib.request.urlopen(Where.url(extender_url, image), timeout=5) as r:
                     where = Where.from_answer(json.load(r))
             except (OSError, ValueError):
                 where = None

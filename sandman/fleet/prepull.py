@@ -76,6 +76,11 @@ class Where:
     def from_answer(cls, doc: Mapping[str, Any]) -> Where:
         return cls(len(doc.get("holders") or []), len(doc.get("pulling") or []))
 
+    @staticmethod
+    def url(extender_url: str, image: str) -> str:
+        """Where the extender answers for ``image``."""
+        return f"{extender_url.rstrip('/')}/v1/images?{urllib.parse.urlencode({'image': image})}"
+
 
 def choose_images(
     images: Sequence[str], where: Mapping[str, Where | None], asked: Collection[str]
@@ -192,7 +197,7 @@ class Prepuller:
             return None
         if self._http is None:
             self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=WHERE_TIMEOUT_S))
-        url = f"{self.extender_url}/v1/images?{urllib.parse.urlencode({'image': image})}"
+        url = Where.url(self.extender_url, image)
         try:
             async with self._http.get(url) as resp:
                 if resp.status != 200:
