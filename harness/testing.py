@@ -19,6 +19,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,7 +37,7 @@ from sandman.harness.cluster.hostsetup import (
 from sandman.harness.cluster.kwok_nodes import NODE_KIND_LABEL
 from sandman.harness.cluster.local import LocalCluster
 from sandman.harness.cluster.node import RealNode
-from sandman.harness.kube import raw
+from sandman.harness.kube import raw, started_since
 
 # Point this at the state dir of a running cluster (e.g. the `make up` one) to
 # run tests against it instead of starting a private one.
@@ -247,12 +248,21 @@ def real_pod(name: str, image: str, command: list[str] | None = None) -> dict[st
     }
 
 
-def wait_ready(core: CoreV1Api, ns: str, name: str, timeout: float = 120) -> dict[str, Any]:
-    """Wait until a pod reports Ready; returns the pod (plain JSON)."""
+def wait_ready(
+    core: CoreV1Api,
+    ns: str,
+    name: str,
+    timeout: float = 120,
+    started_after: datetime | None = None,
+) -> dict[str, Any]:
+    """Wait until a pod reports Ready (with ``started_after``: in containers
+    started since then, e.g. a node restart); returns the pod (plain JSON)."""
 
     def ready() -> dict[str, Any] | None:
         pod = raw(core.read_namespaced_pod(name, ns, _preload_content=False))
         conds = {c["type"]: c["status"] for c in pod["status"].get("conditions", [])}
+        if started_after is not None and not started_since(pod, started_after):
+            return None
         return pod if conds.get("Ready") == "True" else None
 
     return wait_for(ready, timeout=timeout, what=f"pod {ns}/{name} Ready")

@@ -13,6 +13,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +107,18 @@ class LocalDeployment:
             progress=self.progress,
         )
         self._register(proc)
+
+    def wait_restarted(self, since: datetime) -> None:
+        """Return once every component answers its readiness check: they run on
+        the host, so a restart of the node (at ``since``) does not restart them."""
+        checks = self.health_checks()
+        for proc in self.processes():
+            wait_healthy(
+                proc,
+                checks[proc.name],
+                timeout_s=self.config.start_timeout_s,
+                progress=self.progress,
+            )
 
     def processes(self) -> list[ManagedProcess]:
         argv = [

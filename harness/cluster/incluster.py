@@ -14,10 +14,12 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from kubernetes.client import AppsV1Api, CoreV1Api
 
+from sandman.client.startup import ready
 from sandman.contract import NAMESPACE
 from sandman.harness.cluster import overlay
 from sandman.harness.cluster.binaries import Binaries
@@ -26,7 +28,7 @@ from sandman.harness.cluster.config import ClusterConfig
 from sandman.harness.cluster.process import ManagedProcess
 from sandman.harness.images.build import ImageBuilder
 from sandman.harness.images.registry import Registry
-from sandman.harness.kube import api_client, raw
+from sandman.harness.kube import api_client, raw, started_since
 from sandman.install import apply as ap
 from sandman.install.images import COMPONENTS
 
@@ -97,8 +99,7 @@ class InClusterDeployment:
     @property
     def version(self) -> str:
         """The version the applied manifests name (the daemon image's tag)."""
-        docs = self.docs or overlay.rendered(self.kubectl, overlay.path(self.config))
-        return ap.daemon_image(docs).rsplit(":", 1)[1]
+        return ap.daemon_image(self._docs()).rsplit(":", 1)[1]
 
     def up(self) -> None:
         t0 = time.monotonic()
@@ -107,14 +108,63 @@ class InClusterDeployment:
         assert self.docs is not None
         path = overlay.path(self.config)
         self.progress(f"  applied {path} ({len(self.docs)} objects, version {version})")
-        ap.wait_available(
-            self.kubectl,
-            self.docs,
-            timeout_s=ROLLOUT_TIMEOUT_S,
-            progress=lambda m: self.progress(f"  {m.strip()}"),
-        )
-        ap.verify_injection(self.kubectl, ap.daemon_image(self.docs))
+        self.wait_available(self.docs, progress=lambda m: self.progress(f"  {m.strip()}"))
         self.progress(f"  Sandman in-cluster ({time.monotonic() - t0:.1f}s): {version}")
+
+    def wait_available(
+        self,
+        docs: list[dict[str, Any]] | None = None,
+        progress: Progress = lambda _m: None,
+    ) -> None:
+        """Return once ``docs``' Deployments (default: all of Sandman's) are
+        available and a dry-run sandbox is injected: after the node restarts,
+        its pods come back in no particular order, and until the webhook's do,
+        every sandbox create is refused (``connection refused`` on the
+        Service's ClusterIP)."""
+        docs = docs if docs is not None else self._docs()
+        ap.wait_available(self.kubectl, docs, timeout_s=ROLLOUT_TIMEOUT_S, progress=progress)
+        ap.verify_injection(self.kubectl, ap.daemon_image(self._docs()))
+
+    def wait_restarted(self, since: datetime) -> None:
+        """Return once every Sandman Deployment has its replicas Ready in pods
+        started at or after ``since`` (the node's restart; the statuses from
+        before it still say Ready), then as `wait_available`."""
+        want = {
+            d["metadata"]["name"]: (
+                int(d["spec"].get("replicas", 1)),
+                ",".join(f"{k}={v}" for k, v in d["spec"]["selector"]["matchLabels"].items()),
+            )
+            for d in self._docs()
+            if d.get("kind") == "Deployment"
+        }
+        core = self._core()
+        deadline = time.monotonic() + ROLLOUT_TIMEOUT_S
+        for name, (replicas, selector) in want.items():
+            while True:
+                pods = raw(
+                    core.list_namespaced_pod(
+                        NAMESPACE, label_selector=selector, _preload_content=False
+                    )
+                )["items"]
+                fresh = [
+                    p
+                    for p in pods
+                    if ready(p)
+                    and started_since(p, since)
+                    and not p["metadata"].get("deletionTimestamp")
+                ]
+                if len(fresh) >= replicas:
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"deployment {NAMESPACE}/{name}: {len(fresh)} of {replicas} pods "
+                        f"Ready since {since.isoformat()}"
+                    )
+                time.sleep(POLL_S)
+        self.wait_available()
+
+    def _docs(self) -> list[dict[str, Any]]:
+        return self.docs or overlay.rendered(self.kubectl, overlay.path(self.config))
 
     # -- what tests and benchmarks use -------------------------------------------------
     def add_reaper_args(self, *args: str) -> None:
@@ -145,7 +195,7 @@ class InClusterDeployment:
         )["items"]
         if not ready_only:
             return list(pods)
-        return [p for p in pods if _ready(p) and not p["metadata"].get("deletionTimestamp")]
+        return [p for p in pods if ready(p) and not p["metadata"].get("deletionTimestamp")]
 
     @property
     def webhook_url(self) -> str:
@@ -165,7 +215,7 @@ class InClusterDeployment:
         return [
             f"{scheme}://{p['status']['podIP']}:{port}/metrics"
             for p in pods
-            if _ready(p) and not p["metadata"].get("deletionTimestamp")
+            if ready(p) and not p["metadata"].get("deletionTimestamp")
         ]
 
     @property
@@ -192,20 +242,6 @@ class InClusterDeployment:
             time.sleep(POLL_S)
 
     def start_webhook(self) -> None:
-        docs = self.docs or overlay.rendered(
-            self.kubectl, self.config.state_dir / "sandman-overlay"
-        )
-        spec = overlay.pick(docs, "Deployment", WEBHOOK)["spec"]
-        self._scale(WEBHOOK, int(spec.get("replicas", 1)))
-        ap.wait_available(
-            self.kubectl,
-            [overlay.pick(docs, "Deployment", WEBHOOK)],
-            timeout_s=ROLLOUT_TIMEOUT_S,
-            progress=lambda _m: None,
-        )
-        ap.verify_injection(self.kubectl, ap.daemon_image(docs))
-
-
-def _ready(pod: dict[str, Any]) -> bool:
-    conds = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+        webhook = overlay.pick(self._docs(), "Deployment", WEBHOOK)
+        self._scale(WEBHOOK, int(webhook["spec"].get("replicas", 1)))
+        self.wait_available([webhook])

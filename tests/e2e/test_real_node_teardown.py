@@ -1,4 +1,4 @@
-"""`down` of the real node leaves nothing behind, and `up` brings it back.
+"""`down` of the real node leaves nothing behind, and `up` brings it back (Sandman too).
 
 Runs against the session's own cluster (skipped on a reused one, which is
 somebody else's): the node is taken down with a pod running on it, checked for
@@ -7,6 +7,7 @@ leftovers, and started again for whatever runs next.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from kubernetes.client import CoreV1Api
 
 from sandman.harness.cluster import gvisor, hostsetup
 from sandman.harness.cluster.node import RealNode
-from sandman.harness.testing import ClusterBed, real_pod, wait_for, wait_ready
+from sandman.harness.testing import ClusterBed, real_pod, wait_ready
 
 
 def netns_names() -> set[str]:
@@ -45,6 +46,7 @@ def test_down_leaves_no_mounts_netns_veths_or_processes(
     veths = hostsetup.veths_on(real_node.node.bridge)
     assert veths
 
+    down_at = datetime.now(UTC)
     stopped = real_node.down()
 
     assert {"kubelet", "containerd", "registry"} <= set(stopped)
@@ -61,9 +63,12 @@ def test_down_leaves_no_mounts_netns_veths_or_processes(
 
     # Back up for the rest of the session; the pod comes back with the node.
     real_node.up()
-    wait_for(
-        lambda: wait_ready(core, namespace, "victim", timeout=120),
-        timeout=130,
-        what="pod running again after the node restart",
-    )
-    wait_ready(core, namespace, "victim-gvisor", timeout=120)
+    # Until the kubelet reports again, the pods' statuses are the ones from
+    # before the restart (Ready): only containers started since count.
+    for name in ("victim", "victim-gvisor"):
+        wait_ready(core, namespace, name, timeout=120, started_after=down_at)
+    # Sandman's own pods come back with the node too, in no particular order:
+    # the rest of the session creates sandboxes through its webhook.
+    deployment = testbed.cluster.deployment
+    assert deployment is not None
+    deployment.wait_restarted(down_at)
