@@ -117,18 +117,19 @@ class InClusterDeployment:
         progress: Progress = lambda _m: None,
     ) -> None:
         """Return once ``docs``' Deployments (default: all of Sandman's) are
-        available and a dry-run sandbox is injected: after the node restarts,
-        its pods come back in no particular order, and until the webhook's do,
-        every sandbox create is refused (``connection refused`` on the
-        Service's ClusterIP)."""
+        rolled out and a dry-run sandbox is injected (the webhook answers
+        through its Service, which Ready statuses alone do not prove)."""
         docs = docs if docs is not None else self._docs()
         ap.wait_available(self.kubectl, docs, timeout_s=ROLLOUT_TIMEOUT_S, progress=progress)
         ap.verify_injection(self.kubectl, ap.daemon_image(self._docs()))
 
     def wait_restarted(self, since: datetime) -> None:
         """Return once every Sandman Deployment has its replicas Ready in pods
-        started at or after ``since`` (the node's restart; the statuses from
-        before it still say Ready), then as `wait_available`."""
+        started at or after ``since`` (a restart of the node), then as
+        `wait_available`. The pods come back in no particular order, and their
+        statuses from before the restart still say Ready: until the webhook's
+        are really back, every sandbox create is refused (``connection
+        refused`` on the Service's ClusterIP)."""
         want = {
             d["metadata"]["name"]: (
                 int(d["spec"].get("replicas", 1)),
