@@ -121,6 +121,9 @@ REASON_UNVERIFIED = "SandboxUnverified"  # no valid admission marker: the reaper
 # Namespaces the reaper never acts in, whatever a pod there is labeled.
 SYSTEM_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease", NAMESPACE})
 REASON_SCHEDULER_NOT_RUNNING = "SchedulerNotRunning"  # a sandbox names a stopped scheduler
+# On the policy ConfigMap: a new policy text in force, or refused (the previous stays).
+REASON_POLICY_LOADED = "PolicyLoaded"
+REASON_POLICY_REJECTED = "PolicyRejected"
 
 # ASCII digits only: \d would also take Arabic-Indic or full-width digits,
 # which no Kubernetes tool writes and a reviewer would not read as numbers.

@@ -35,6 +35,7 @@ class WebhookMetrics:
     cert_expiry: Gauge
     policy_reloads: CounterMirror
     policy_errors: CounterMirror
+    policy_rejected: Gauge
     events_dropped: CounterMirror
     image_lookups: Counter
     image_lookup_latency: Histogram
@@ -81,6 +82,12 @@ class WebhookMetrics:
                     registry=r,
                 )
             ),
+            policy_rejected=Gauge(
+                "sandman_webhook_policy_rejected",
+                "1 while the policy text last read is rejected (the previous policy "
+                "is in force), else 0",
+                registry=r,
+            ),
             events_dropped=CounterMirror(
                 Counter(
                     "sandman_webhook_events_dropped_total",
@@ -123,5 +130,6 @@ class WebhookMetrics:
             self.cert_expiry.set(certs.not_after.timestamp())
         self.policy_reloads.update(state.policy.reloads)
         self.policy_errors.update(state.policy.errors)
+        self.policy_rejected.set(1 if state.policy.rejected else 0)
         if state.recorder is not None:
             self.events_dropped.update(state.recorder.dropped)

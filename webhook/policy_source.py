@@ -5,6 +5,9 @@ rely on (kubelet swaps a symlink), so a file is re-read when its content hash
 changes, polled; a ConfigMap named on the command line is watched through the
 API instead, which applies an edit within a second. A policy that fails to
 parse never replaces the last good one: a typo must not open the cluster.
+Since `kubectl apply` of a bad policy succeeds, the outcome of each new text
+is said where its author looks: an Event on the ConfigMap (`PolicyRejected`
+with the parse error, or `PolicyLoaded`), besides the log and the metrics.
 """
 
 from __future__ import annotations
@@ -12,8 +15,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+from collections.abc import Callable
+from enum import Enum
 from pathlib import Path
 
+from sandman.contract import REASON_POLICY_LOADED, REASON_POLICY_REJECTED
+from sandman.events import ObjectRef
 from sandman.informer import Informer
 from sandman.kube_async import CONFIGMAPS, KubeClient, sleep_or
 from sandman.webhook.policy import Policy, PolicyError, parse_policy_text
@@ -22,6 +29,17 @@ log = logging.getLogger("sandman.webhook")
 
 POLICY_KEY = "policy.yaml"  # the ConfigMap key holding the policy
 FILE_POLL_S = 2.0  # kubelet propagates ConfigMap edits in ~60 s anyway
+
+# (object, reason, message, type): EventRecorder.emit's shape.
+Report = Callable[[ObjectRef, str, str, str], None]
+
+
+class Load(Enum):
+    """What a text did to the policy in force."""
+
+    LOADED = "loaded"  # now in force (new, or in force again after a rejected text)
+    UNCHANGED = "unchanged"  # the text in force, or a rejected text already reported
+    REJECTED = "rejected"  # failed to parse: the previous policy stays
 
 
 class PolicySource:
@@ -32,27 +50,47 @@ class PolicySource:
         self.loaded = asyncio.Event()
         self.errors = 0
         self.reloads = 0
+        self.rejected: str | None = None  # why the latest text was refused, while it stands
         self._digest = ""
+        self._rejected_digest = ""
 
     def current(self) -> Policy:
         return self.policy
 
-    def load_text(self, text: str, origin: str) -> bool:
+    def load_text(self, text: str, origin: str) -> Load:
         digest = hashlib.sha256(text.encode()).hexdigest()
         if digest == self._digest:
             self.loaded.set()
-            return False
+            if self.rejected is None:
+                return Load.UNCHANGED
+            self.rejected, self._rejected_digest = None, ""
+            self.reloads += 1  # the ConfigMap's text is in force again: a load to watchers
+            log.info("policy from %s is the one in force again", origin)
+            return Load.LOADED
+        if digest == self._rejected_digest:
+            return Load.UNCHANGED  # a re-list or the file poll: said once already
         try:
             policy = parse_policy_text(text)
         except PolicyError as e:
             self.errors += 1
+            self.rejected, self._rejected_digest = str(e), digest
             log.error("policy from %s rejected, keeping the previous one: %s", origin, e)
-            return False
+            return Load.REJECTED
         self.policy, self._digest = policy, digest
+        self.rejected, self._rejected_digest = None, ""
         self.reloads += 1
         self.loaded.set()
         log.info("policy loaded from %s: %d rule set(s)", origin, len(policy.rules))
-        return True
+        return Load.LOADED
+
+    def message(self, outcome: Load) -> str:
+        """The Event message for ``outcome`` (LOADED or REJECTED)."""
+        if outcome is Load.REJECTED:
+            return (
+                f"policy rejected, the previous one stays in force: {self.rejected} "
+                "(fix the ConfigMap; docs/policy.md has every field)"
+            )
+        return f"policy loaded: {len(self.policy.rules)} rule set(s) in force"
 
     async def watch_file(self, path: Path, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -63,14 +101,25 @@ class PolicySource:
                 log.error("cannot read policy file %s: %s", path, e)
             await sleep_or(stop, FILE_POLL_S)
 
-    async def watch_configmap(self, client: KubeClient, ref: str, stop: asyncio.Event) -> None:
+    async def watch_configmap(
+        self, client: KubeClient, ref: str, stop: asyncio.Event, report: Report | None = None
+    ) -> None:
         namespace, _, name = ref.partition("/")
 
         def on_event(kind: str, obj: dict) -> None:  # type: ignore[type-arg]
             if kind == "DELETED":
                 log.error("policy ConfigMap %s deleted; keeping the last policy", ref)
                 return
-            self.load_text((obj.get("data") or {}).get(POLICY_KEY, ""), f"configmap {ref}")
+            text = (obj.get("data") or {}).get(POLICY_KEY, "")
+            outcome = self.load_text(text, f"configmap {ref}")
+            if report is not None and outcome is not Load.UNCHANGED:
+                rejected = outcome is Load.REJECTED
+                report(
+                    ObjectRef.of(obj, kind="ConfigMap"),
+                    REASON_POLICY_REJECTED if rejected else REASON_POLICY_LOADED,
+                    self.message(outcome),
+                    "Warning" if rejected else "Normal",
+                )
 
         informer = Informer(
             client,

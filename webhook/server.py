@@ -306,7 +306,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     st.keys = keeper
     publisher = AccessPublisher(st.client, keeper, set(cfg.excluded_namespaces))
     st.namespaces = Informer(st.client, NAMESPACES, publisher.on_namespace)
-    st.recorder = EventRecorder(st.client, "sandman-webhook")
+    st.recorder = recorder = EventRecorder(st.client, "sandman-webhook")
     st.lookups = AdmissionLookups.build(cfg, st.client, st.metrics.observe_lookup)
     if not cfg.publish_access:
         st.namespaces.handler = lambda _kind, _obj: None
@@ -322,7 +322,9 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     if cfg.policy_configmap:
         tasks.append(
             asyncio.ensure_future(
-                st.policy.watch_configmap(st.client, cfg.policy_configmap, st.stop)
+                st.policy.watch_configmap(
+                    st.client, cfg.policy_configmap, st.stop, report=recorder.emit
+                )
             )
         )
     elif cfg.policy_file:

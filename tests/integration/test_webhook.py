@@ -20,9 +20,13 @@ from sandman.contract import (
     DAEMON_ARGV,
     LABEL_ID,
     LABEL_SANDBOX,
+    NAMESPACE,
+    REASON_POLICY_LOADED,
+    REASON_POLICY_REJECTED,
 )
 from sandman.harness.cluster.kwok_nodes import KWOK_IMAGE, on_kwok
 from sandman.harness.cluster.local import LocalCluster
+from sandman.harness.cluster.overlay import POLICY_CONFIGMAP
 from sandman.harness.kube import api_client, raw
 from sandman.harness.testing import kubectl, wait_for
 
@@ -334,6 +338,61 @@ def test_policy_denial_event_on_the_owner(
 
     events = wait_for(denied_event, what="a PolicyDenied event on the ReplicaSet")
     assert "[registry]" in events[0]["message"]
+
+
+def _policy_events(core: CoreV1Api, reason: str, seen: set[str]) -> list[dict[str, Any]]:
+    """Events of ``reason`` on the policy ConfigMap, other than those named in ``seen``."""
+    items = raw(core.list_namespaced_event(NAMESPACE, _preload_content=False))["items"]
+    return [
+        e
+        for e in items
+        if e["reason"] == reason
+        and e["involvedObject"]["kind"] == "ConfigMap"
+        and e["involvedObject"]["name"] == POLICY_CONFIGMAP
+        and e["metadata"]["name"] not in seen
+    ]
+
+
+def test_a_broken_policy_is_refused_on_the_configmap_and_the_last_good_one_stays(
+    cluster: LocalCluster, core: CoreV1Api, namespace: str
+) -> None:
+    assert cluster.deployment is not None
+    handle = cluster.deployment.policy
+    original = handle.read()
+    broken = original.replace("mode: enforce", "mode: sometimes", 1)
+    assert broken != original
+    before = {
+        e["metadata"]["name"]
+        for reason in (REASON_POLICY_REJECTED, REASON_POLICY_LOADED)
+        for e in _policy_events(core, reason, set())
+    }
+    # `kubectl apply` of it succeeds; the webhooks refuse it.
+    with pytest.raises(ValueError, match="rejected the policy"):
+        handle.write(broken)
+    try:
+        events = wait_for(
+            lambda: _policy_events(core, REASON_POLICY_REJECTED, before),
+            timeout=30,
+            what="a PolicyRejected Event on the policy ConfigMap",
+        )
+        assert events[0]["type"] == "Warning"
+        assert "sometimes" in events[0]["message"], events[0]["message"]
+        assert "previous one stays in force" in events[0]["message"]
+        # The last good policy still decides: local registry only.
+        pod = sandbox_pod()
+        pod["spec"]["containers"][0]["image"] = "docker.io/library/evil:1"
+        with pytest.raises(ApiException) as denied:
+            create(core, namespace, pod, dry_run="All")
+        assert "[registry]" in json.loads(denied.value.body)["message"]
+        assert_injected(create(core, namespace, sandbox_pod(), dry_run="All"))
+    finally:
+        handle.write(original)  # waits until every webhook has it in force again
+    loaded = wait_for(
+        lambda: _policy_events(core, REASON_POLICY_LOADED, before),
+        timeout=30,
+        what="a PolicyLoaded Event once the policy is fixed",
+    )
+    assert loaded[0]["type"] == "Normal" and "in force" in loaded[0]["message"]
 
 
 # -- failure modes -------------------------------------------------------------------

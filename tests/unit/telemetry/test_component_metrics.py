@@ -60,15 +60,18 @@ def test_webhook_running_totals_are_counters_and_build_info_is_set() -> None:
     m = WebhookMetrics.create()
     state = SimpleNamespace(
         certs=SimpleNamespace(not_after=NOW),
-        policy=SimpleNamespace(reloads=2, errors=1),
+        policy=SimpleNamespace(reloads=2, errors=1, rejected="line 3: mode: ..."),
         recorder=SimpleNamespace(dropped=0),
     )
     m.refresh(state)
+    assert samples(m.registry)["sandman_webhook_policy_rejected"] == 1
     state.policy.reloads = 5
+    state.policy.rejected = None
     m.refresh(state)
     s = samples(m.registry)
     assert s["sandman_webhook_policy_reloads_total"] == 5
     assert s["sandman_webhook_policy_errors_total"] == 1
+    assert s["sandman_webhook_policy_rejected"] == 0
     assert s["sandman_webhook_events_dropped_total"] == 0
     assert s["sandman_webhook_cert_expiry_timestamp_seconds"] == NOW.timestamp()
     t = types(m.registry)

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from sandman.webhook.policy import PolicyError, parse_policy_text
-from sandman.webhook.policy_source import PolicySource
+from sandman.webhook.policy_source import Load, PolicySource
 
 CORPUS = Path(__file__).resolve().parents[2] / "corpus" / "policy"
 
@@ -32,8 +32,8 @@ def test_policy_case(case: dict[str, Any]) -> None:
         assert case["rejected"] in str(e.value)
         # And the webhook keeps its last good policy.
         src = PolicySource()
-        assert src.load_text("rules: [{name: good}]", "good")
-        assert not src.load_text(case["text"], "corpus")
+        assert src.load_text("rules: [{name: good}]", "good") is Load.LOADED
+        assert src.load_text(case["text"], "corpus") is Load.REJECTED
         assert [r.name for r in src.current().rules] == ["good"] and src.errors == 1
         return
     want = case["accepted"] or {}
