@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import yaml
 from kubernetes.client import CoreV1Api
 
+from sandman.client.startup import ready
 from sandman.contract import PREFIX
 from sandman.harness.cluster import claim
 from sandman.harness.cluster.config import ClusterConfig, Ports, RealNodeConfig, default_state_dir
@@ -258,14 +259,13 @@ def wait_ready(
     """Wait until a pod reports Ready (with ``started_after``: in containers
     started since then, e.g. a node restart); returns the pod (plain JSON)."""
 
-    def ready() -> dict[str, Any] | None:
+    def fresh_and_ready() -> dict[str, Any] | None:
         pod = raw(core.read_namespaced_pod(name, ns, _preload_content=False))
-        conds = {c["type"]: c["status"] for c in pod["status"].get("conditions", [])}
         if started_after is not None and not started_since(pod, started_after):
             return None
-        return pod if conds.get("Ready") == "True" else None
+        return pod if ready(pod) else None
 
-    return wait_for(ready, timeout=timeout, what=f"pod {ns}/{name} Ready")
+    return wait_for(fresh_and_ready, timeout=timeout, what=f"pod {ns}/{name} Ready")
 
 
 TEST_POLICY_LABEL = PREFIX + "test-policy"

@@ -83,14 +83,16 @@ class PolicySource:
         log.info("policy loaded from %s: %d rule set(s)", origin, len(policy.rules))
         return Load.LOADED
 
-    def message(self, outcome: Load) -> str:
-        """The Event message for ``outcome`` (LOADED or REJECTED)."""
+    def event(self, outcome: Load) -> tuple[str, str, str]:
+        """(reason, message, type) of the Event for ``outcome`` (LOADED or REJECTED)."""
         if outcome is Load.REJECTED:
-            return (
+            message = (
                 f"policy rejected, the previous one stays in force: {self.rejected} "
                 "(fix the ConfigMap; docs/policy.md has every field)"
             )
-        return f"policy loaded: {len(self.policy.rules)} rule set(s) in force"
+            return REASON_POLICY_REJECTED, message, "Warning"
+        message = f"policy loaded: {len(self.policy.rules)} rule set(s) in force"
+        return REASON_POLICY_LOADED, message, "Normal"
 
     async def watch_file(self, path: Path, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -113,13 +115,7 @@ class PolicySource:
             text = (obj.get("data") or {}).get(POLICY_KEY, "")
             outcome = self.load_text(text, f"configmap {ref}")
             if report is not None and outcome is not Load.UNCHANGED:
-                rejected = outcome is Load.REJECTED
-                report(
-                    ObjectRef.of(obj, kind="ConfigMap"),
-                    REASON_POLICY_REJECTED if rejected else REASON_POLICY_LOADED,
-                    self.message(outcome),
-                    "Warning" if rejected else "Normal",
-                )
+                report(ObjectRef.of(obj, kind="ConfigMap"), *self.event(outcome))
 
         informer = Informer(
             client,

@@ -142,18 +142,8 @@ class InClusterDeployment:
         deadline = time.monotonic() + ROLLOUT_TIMEOUT_S
         for name, (replicas, selector) in want.items():
             while True:
-                pods = raw(
-                    core.list_namespaced_pod(
-                        NAMESPACE, label_selector=selector, _preload_content=False
-                    )
-                )["items"]
-                fresh = [
-                    p
-                    for p in pods
-                    if ready(p)
-                    and started_since(p, since)
-                    and not p["metadata"].get("deletionTimestamp")
-                ]
+                live = _serving(self._pods(selector, core))
+                fresh = [p for p in live if started_since(p, since)]
                 if len(fresh) >= replicas:
                     break
                 if time.monotonic() > deadline:
@@ -186,17 +176,19 @@ class InClusterDeployment:
     def _core(self) -> CoreV1Api:
         return CoreV1Api(api_client(self.layout.admin_kubeconfig))
 
+    def _pods(self, selector: str, core: CoreV1Api | None = None) -> list[dict[str, Any]]:
+        """Sandman's pods matching the label ``selector`` (plain JSON)."""
+        return list(
+            raw(
+                (core or self._core()).list_namespaced_pod(
+                    NAMESPACE, label_selector=selector, _preload_content=False
+                )
+            )["items"]
+        )
+
     def webhook_pods(self, *, ready_only: bool = True) -> list[dict[str, Any]]:
-        pods = raw(
-            self._core().list_namespaced_pod(
-                NAMESPACE,
-                label_selector=f"app.kubernetes.io/name={WEBHOOK}",
-                _preload_content=False,
-            )
-        )["items"]
-        if not ready_only:
-            return list(pods)
-        return [p for p in pods if ready(p) and not p["metadata"].get("deletionTimestamp")]
+        pods = self._pods(f"app.kubernetes.io/name={WEBHOOK}")
+        return _serving(pods) if ready_only else pods
 
     @property
     def webhook_url(self) -> str:
@@ -208,16 +200,8 @@ class InClusterDeployment:
         """/metrics of every Ready pod of ``component`` (webhook, reaper, extender);
         the host reaches pod IPs over the bridge."""
         app, port, scheme = METRICS[component]
-        pods = raw(
-            self._core().list_namespaced_pod(
-                NAMESPACE, label_selector=f"app.kubernetes.io/name={app}", _preload_content=False
-            )
-        )["items"]
-        return [
-            f"{scheme}://{p['status']['podIP']}:{port}/metrics"
-            for p in pods
-            if ready(p) and not p["metadata"].get("deletionTimestamp")
-        ]
+        pods = _serving(self._pods(f"app.kubernetes.io/name={app}"))
+        return [f"{scheme}://{p['status']['podIP']}:{port}/metrics" for p in pods]
 
     @property
     def policy_file(self) -> overlay.PolicyHandle:
@@ -246,3 +230,8 @@ class InClusterDeployment:
         webhook = overlay.pick(self._docs(), "Deployment", WEBHOOK)
         self._scale(WEBHOOK, int(webhook["spec"].get("replicas", 1)))
         self.wait_available([webhook])
+
+
+def _serving(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The pods that are Ready and not being deleted."""
+    return [p for p in pods if ready(p) and not p["metadata"].get("deletionTimestamp")]

@@ -15,7 +15,9 @@ def test_a_rejected_text_keeps_the_policy_and_is_reported_once() -> None:
     assert src.load_text(BAD, "t") is Load.REJECTED
     assert [r.name for r in src.current().rules] == ["good"]
     assert src.rejected and "mode" in src.rejected
-    assert "previous one stays in force" in src.message(Load.REJECTED)
+    reason, message, type_ = src.event(Load.REJECTED)
+    assert (reason, type_) == ("PolicyRejected", "Warning")
+    assert "previous one stays in force" in message
     # A re-list or the file poll sees the same bad text again: no second report.
     assert src.load_text(BAD, "t") is Load.UNCHANGED
     assert src.errors == 1
@@ -38,5 +40,9 @@ def test_a_new_good_text_is_loaded() -> None:
     src.load_text(GOOD, "t")
     assert src.load_text(OTHER, "t") is Load.LOADED
     assert [r.name for r in src.current().rules] == ["other", "good"]
-    assert src.message(Load.LOADED) == "policy loaded: 2 rule set(s) in force"
+    assert src.event(Load.LOADED) == (
+        "PolicyLoaded",
+        "policy loaded: 2 rule set(s) in force",
+        "Normal",
+    )
     assert src.reloads == 2
