@@ -143,7 +143,7 @@ async def readyz(request: Request) -> Response:
         req = ExecRequest(argv, None, {}, None, timeout_s, 4096)
         return (await run_command(st.reaper, req, st.base_env)).exit_code
 
-    ok, why = await check(probe, run_exec)
+    ok, why = await st.readiness.outcome(probe.period_s, lambda: check(probe, run_exec))
     return json_response({"ready": ok, "reason": why}, status=200 if ok else 503)
 
 

@@ -9,18 +9,30 @@ is ready only when the daemon is AND the original probe passes.
 Supported handlers are the three the kubelet runs itself: httpGet, tcpSocket
 and exec. Ports must be numbers (the webhook resolves named ports, which the
 daemon cannot see). Parsing is pure; checking does I/O.
+
+/readyz needs no token (the kubelet has none), so anyone who reaches the pod
+can call it. The probe is therefore run at most once per its own
+``periodSeconds`` (as the kubelet would run it) and never twice at once:
+``SharedCheck`` caches the last outcome for that period and lets concurrent
+callers share the run in flight, so a flood of /readyz calls cannot turn into
+a flood of the image's probe command.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-# The kubelet's defaults for a Probe (core/v1 types.go): timeoutSeconds 1.
+# The kubelet's defaults for a Probe (core/v1 types.go): timeoutSeconds 1,
+# periodSeconds 10. The period is also how long /readyz keeps an outcome: the
+# kubelet asks once per period anyway, so the cost is that a change is seen up
+# to one period later than with a fresh run per call (at most two periods in all).
 DEFAULT_TIMEOUT_S = 1.0
+DEFAULT_PERIOD_S = 10.0
 
 
 def _port(value: Any, where: str) -> int:
@@ -38,6 +50,7 @@ def _port(value: Any, where: str) -> int:
 class Probe:
     kind: str  # "http", "tcp" or "exec"
     timeout_s: float = DEFAULT_TIMEOUT_S
+    period_s: float = DEFAULT_PERIOD_S
     host: str = "127.0.0.1"
     port: int = 0
     path: str = "/"
@@ -52,6 +65,9 @@ class Probe:
         timeout = doc.get("timeoutSeconds", DEFAULT_TIMEOUT_S)
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
             raise ValueError("--readiness-probe timeoutSeconds must be a positive number")
+        period = doc.get("periodSeconds", DEFAULT_PERIOD_S)
+        if isinstance(period, bool) or not isinstance(period, int | float) or period <= 0:
+            raise ValueError("--readiness-probe periodSeconds must be a positive number")
         handlers = [k for k in ("httpGet", "tcpSocket", "exec", "grpc") if k in doc]
         if len(handlers) != 1:
             raise ValueError(
@@ -68,12 +84,14 @@ class Probe:
             cmd = spec.get("command")
             if not isinstance(cmd, list) or not cmd or not all(isinstance(a, str) for a in cmd):
                 raise ValueError("--readiness-probe exec.command must be a non-empty string list")
-            return cls("exec", float(timeout), command=tuple(cmd))
+            return cls("exec", float(timeout), float(period), command=tuple(cmd))
         host = spec.get("host") or "127.0.0.1"
         if not isinstance(host, str):
             raise ValueError(f"--readiness-probe {kind}.host must be a string")
         if kind == "tcpSocket":
-            return cls("tcp", float(timeout), host=host, port=_port(spec.get("port"), kind))
+            return cls(
+                "tcp", float(timeout), float(period), host=host, port=_port(spec.get("port"), kind)
+            )
         scheme = str(spec.get("scheme", "HTTP")).upper()
         if scheme not in ("HTTP", "HTTPS"):
             raise ValueError("--readiness-probe httpGet.scheme must be HTTP or HTTPS")
@@ -88,6 +106,7 @@ class Probe:
         return cls(
             "http",
             float(timeout),
+            float(period),
             host=host,
             port=_port(spec.get("port"), kind),
             path=path,
@@ -97,6 +116,51 @@ class Probe:
 
 
 RunExec = Callable[[tuple[str, ...], float], Awaitable[int]]
+Outcome = tuple[bool, str]
+
+
+def fresh(last_at: float | None, now: float, period_s: float) -> bool:
+    """Whether an outcome taken at ``last_at`` still answers at ``now``."""
+    return last_at is not None and 0 <= now - last_at < period_s
+
+
+@dataclass
+class SharedCheck:
+    """The last probe outcome and the run in flight, shared by all /readyz callers.
+
+    Prevents: /readyz is open to anyone who reaches the pod, and each call
+    used to run the image's probe (an exec forks a process), so a loop of
+    requests made the daemon fork without bound. Now a run starts only when
+    the last outcome is older than the probe's period and none is running;
+    everyone else awaits that run or reads the cached outcome. Prior art: the
+    kubelet's prober runs each probe once per period whoever asks for status.
+
+    Safe for concurrent coroutines on one event loop (the check-and-start has
+    no await in it); not for threads. A caller that goes away does not cancel
+    the shared run (it is shielded), so the others still get its outcome.
+    """
+
+    clock: Callable[[], float] = time.monotonic
+    _last_at: float | None = None
+    _last: Outcome = (False, "not probed yet")
+    _running: asyncio.Task[Outcome] | None = None
+
+    async def outcome(self, period_s: float, run: Callable[[], Awaitable[Outcome]]) -> Outcome:
+        if fresh(self._last_at, self.clock(), period_s):
+            return self._last
+        if self._running is None:
+            self._running = asyncio.ensure_future(self._run(run))
+        return await asyncio.shield(self._running)
+
+    async def _run(self, run: Callable[[], Awaitable[Outcome]]) -> Outcome:
+        started = self.clock()
+        try:
+            result = await run()
+        finally:
+            self._running = None
+        # Aged from the start: a slow probe does not stretch the period.
+        self._last_at, self._last = started, result
+        return result
 
 
 async def check(probe: Probe, run_exec: RunExec) -> tuple[bool, str]:

@@ -16,6 +16,7 @@ from sandman.daemon.commands import ExecResult
 from sandman.daemon.config import DaemonConfig
 from sandman.daemon.metrics import DaemonMetrics
 from sandman.daemon.paths import PathPolicy
+from sandman.daemon.readiness import SharedCheck
 from sandman.daemon.sessions import Sessions
 from sandman.daemon.status import Activity
 
@@ -48,6 +49,7 @@ class DaemonState:
     supervised: Child | None = None
     supervised_exit: int | None = None
     reset_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    readiness: SharedCheck = field(default_factory=SharedCheck)  # /readyz: once per period
 
     def count_command(self, result: ExecResult) -> None:
         self.metrics.commands.inc("timeout" if result.timed_out else "ok")

@@ -150,13 +150,15 @@ def test_no_reset_refuses_reset(tmp_path: Path) -> None:
 
 def test_readyz_combines_the_daemon_and_the_original_probe(tmp_path: Path) -> None:
     ready = tmp_path / "ready"
-    probe = json.dumps({"exec": {"command": ["test", "-e", str(ready)]}})
+    # periodSeconds 1: /readyz keeps an outcome for the probe's period.
+    probe = json.dumps({"exec": {"command": ["test", "-e", str(ready)]}, "periodSeconds": 1})
     d = start_daemon(tmp_path, f"--readiness-probe={probe}")
     try:
         assert d.request("GET", "/healthz", token="")[0] == 200
         status, doc = d.request("GET", "/readyz", token="")
         assert status == 503 and doc["ready"] is False
         ready.touch()
+        time.sleep(1.05)
         status, doc = d.request("GET", "/readyz", token="")
         assert status == 200 and doc["ready"] is True
     finally:
