@@ -78,6 +78,7 @@ class CertManager:
         cert_file: Path | None = None,
         key_file: Path | None = None,
         work_dir: Path,
+        client_ca_file: Path | None = None,
         clock: Callable[[], dt.datetime] = utc_now,
     ) -> None:
         if (cert_file is None) != (key_file is None):
@@ -110,6 +111,15 @@ class CertManager:
         self._ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         self._ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         self._loaded_hash: str | None = None
+        self._client_ca_file = client_ca_file
+        self._client_ca_hash: str | None = None
+        if client_ca_file is not None:
+            # Optional, not required: probes and Prometheus reach /healthz,
+            # /readyz and /metrics without one; the review endpoints refuse
+            # a connection that presented none (webhook/caller.py). A
+            # certificate that does not verify fails the handshake.
+            self._ctx.verify_mode = ssl.CERT_OPTIONAL
+            self._load_client_ca()
         self._missing: set[tuple[Resource, str]] = set()  # configurations last seen absent
         self._trusted_since: dict[str, dt.datetime] = {}  # CA fingerprint -> in every caBundle
         self.ready = asyncio.Event()
@@ -146,9 +156,38 @@ class CertManager:
             if await sleep_or(stop, delay):
                 return
 
+    @property
+    def client_ca_required(self) -> bool:
+        return self._client_ca_file is not None
+
+    def _load_client_ca(self) -> None:
+        """Trust the client CA file's certificates, again when its content changes.
+
+        A mounted ConfigMap changes without a filesystem event, hence the hash.
+        OpenSSL's store only grows: a CA removed from the file stays trusted
+        until the process restarts (a rotation adds the new CA first, so
+        nothing breaks in between).
+        """
+        assert self._client_ca_file is not None
+        pem = self._client_ca_file.read_bytes()
+        digest = hashlib.sha256(pem).hexdigest()
+        if digest == self._client_ca_hash:
+            return
+        try:
+            self._ctx.load_verify_locations(cadata=pem.decode())
+        except (ssl.SSLError, UnicodeDecodeError, ValueError) as e:
+            raise ValueError(
+                f"--client-ca-file {self._client_ca_file}: not PEM certificates ({e}); "
+                "give the CA that signed the apiserver's client certificate"
+            ) from e
+        self._client_ca_hash = digest
+        log.info("webhook TLS: client CA loaded from %s", self._client_ca_file)
+
     # -- one pass (all helpers below run under self._lock) -----------------
     async def _pass_locked(self, *, force_ca_rotation: bool) -> bool:
         """True if the pass settled; False if a concurrent writer made it stop early."""
+        if self._client_ca_file is not None:
+            self._load_client_ca()
         if self._cert_file is not None and self._key_file is not None:
             self._load_locked(self._cert_file.read_bytes(), self._key_file.read_bytes())
             return True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import ipaddress
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,10 @@ class WebhookConfig:
     config_name: str = CONFIG_NAME  # the webhook configurations whose caBundle we keep
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
+    # Only callers with a client certificate from this CA get reviews answered
+    # (the apiserver's, from its AdmissionConfiguration; docs/install.md).
+    client_ca_file: Path | None = None
+    client_cns: tuple[str, ...] = ()  # and, if given, only these subject CNs
     extra_ips: tuple[str, ...] = ()  # SAN IPs: 127.0.0.1 for a host-mode webhook
     # A year for the CA and 90 days for the serving cert (the Let's Encrypt
     # cadence): rotation is exercised routinely, not once a decade.
@@ -63,6 +68,13 @@ class WebhookConfig:
     # Registry host -> the URL the webhook reaches it at (e.g. a node-local
     # registry on 127.0.0.1:5000 that a webhook pod reaches via the bridge).
     registry_endpoints: tuple[tuple[str, str], ...] = ()
+    # Registry lookups connect only to public addresses (sandman/netguard.py),
+    # besides endpoint targets and these HOST:PORTs; the cluster's pod and
+    # Service networks are refused even where they are public space.
+    lookup_allow_addresses: tuple[str, ...] = ()
+    cluster_cidrs: tuple[str, ...] = ()
+    # Registry -> token service host on another host (Docker Hub's is built in).
+    registry_token_hosts: tuple[tuple[str, str], ...] = ()
     # Scheduler name -> (namespace, Lease) whose holder shows it runs.
     scheduler_leases: tuple[tuple[str, tuple[str, str]], ...] = tuple(DEFAULT_LEASES.items())
 
@@ -111,6 +123,14 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy-configmap", default=None, help="NAMESPACE/NAME, watched")
     p.add_argument("--tls-cert-file", type=Path, default=None)
     p.add_argument("--tls-key-file", type=Path, default=None)
+    p.add_argument(
+        "--client-ca-file",
+        type=Path,
+        default=None,
+        help="answer /mutate and /validate only for clients with a certificate from "
+        "this CA (the apiserver's; docs/install.md)",
+    )
+    p.add_argument("--client-cn", action="append", default=[], help="allowed client CN (repeat)")
     p.add_argument("--extra-ip", action="append", default=[], help="SAN IP (repeat)")
     p.add_argument("--work-dir", type=Path, default=Path("/tmp/sandman-webhook"))
     p.add_argument("--event-on-inject", action="store_true")
@@ -147,6 +167,30 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         "127.0.0.1:5000=http://10.244.0.1:5000); repeat",
     )
     p.add_argument(
+        "--lookup-allow-address",
+        action="append",
+        default=[],
+        type=_hostport,
+        help="HOST:PORT image lookups may connect to although it is a loopback, private, "
+        "link-local or cluster address (a --registry-endpoint target already is); repeat",
+    )
+    p.add_argument(
+        "--cluster-cidr",
+        action="append",
+        default=[],
+        type=_cidr,
+        help="the cluster's pod or Service network (CIDR): image lookups never connect "
+        "there unless listed; repeat",
+    )
+    p.add_argument(
+        "--registry-token-host",
+        action="append",
+        default=[],
+        type=_token_host,
+        help="REGISTRY=HOST[:PORT]: a token service on another host than its registry "
+        "(Docker Hub's auth.docker.io is built in); repeat",
+    )
+    p.add_argument(
         "--scheduler-lease",
         action="append",
         default=[],
@@ -175,6 +219,27 @@ def _endpoint(value: str) -> tuple[str, str]:
     return host, url
 
 
+def _hostport(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+        raise argparse.ArgumentTypeError(f"{value!r}: expected HOST:PORT")
+    return value
+
+
+def _cidr(value: str) -> str:
+    try:
+        return str(ipaddress.ip_network(value, strict=False))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected a CIDR (10.96.0.0/12)") from None
+
+
+def _token_host(value: str) -> tuple[str, str]:
+    registry, eq, host = value.partition("=")
+    if not (eq and registry and host) or "/" in host:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected REGISTRY=HOST[:PORT]")
+    return registry, host
+
+
 def from_args(args: argparse.Namespace) -> WebhookConfig:
     host, port = args.listen
     return WebhookConfig(
@@ -189,6 +254,8 @@ def from_args(args: argparse.Namespace) -> WebhookConfig:
         policy_configmap=args.policy_configmap,
         tls_cert_file=args.tls_cert_file,
         tls_key_file=args.tls_key_file,
+        client_ca_file=args.client_ca_file,
+        client_cns=tuple(args.client_cn),
         extra_ips=tuple(args.extra_ip),
         work_dir=args.work_dir,
         event_on_inject=args.event_on_inject,
@@ -199,5 +266,8 @@ def from_args(args: argparse.Namespace) -> WebhookConfig:
         read_pull_secrets=args.read_pull_secrets,
         insecure_registries=tuple(args.insecure_registry),
         registry_endpoints=tuple(args.registry_endpoint),
+        lookup_allow_addresses=tuple(args.lookup_allow_address),
+        cluster_cidrs=tuple(args.cluster_cidr),
+        registry_token_hosts=tuple(args.registry_token_host),
         scheduler_leases=lease_map(args.scheduler_lease),
     )

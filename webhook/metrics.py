@@ -39,6 +39,7 @@ class WebhookMetrics:
     events_dropped: CounterMirror
     image_lookups: Counter
     image_lookup_latency: Histogram
+    unauthenticated: Counter
 
     @classmethod
     def create(cls) -> WebhookMetrics:
@@ -105,6 +106,14 @@ class WebhookMetrics:
                 "sandman_webhook_image_lookup_duration_seconds",
                 "time one admission waited for an image config",
                 buckets=LOOKUP_BUCKETS,
+                registry=r,
+            ),
+            unauthenticated=Counter(
+                "sandman_webhook_unauthenticated_reviews_total",
+                "reviews refused undecided as not the apiserver's, by reason "
+                "(certificate: no accepted client certificate; inconsistent: "
+                "fields the apiserver never sends together)",
+                ["endpoint", "reason"],
                 registry=r,
             ),
         )

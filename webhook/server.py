@@ -32,6 +32,7 @@ from sandman.kube_async import (
 from sandman.serving import metrics_response, run_main, serve_app
 from sandman.webhook import __version__, access
 from sandman.webhook.access import AccessPublisher, KeyKeeper, load_or_create_ring
+from sandman.webhook.caller import InconsistentReview, Unauthenticated, authenticate, inconsistency
 from sandman.webhook.certs import CertManager
 from sandman.webhook.config import WebhookConfig
 from sandman.webhook.lookups import AdmissionLookups
@@ -159,9 +160,29 @@ async def _namespace_labels_for(st: WebhookState, namespace: str) -> bool:
     return True
 
 
+def _refuse(st: WebhookState, endpoint: str, reason: str, e: WebhookError) -> web.Response:
+    """A review answered undecided: no rule selected, no lookup, no Event.
+
+    Logged at debug only: whoever is knocking chooses how often, and an info
+    line per request would let them flood the log; the counter shows it.
+    """
+    st.metrics.unauthenticated.labels(endpoint, reason).inc()
+    log.debug("%s review refused (%s): %s", endpoint, reason, e)
+    return web.json_response({"error": str(e)}, status=e.status)
+
+
 async def _admit(request: web.Request, endpoint: str) -> web.Response:
     st = request.app[STATE]
     t0 = time.monotonic()
+    transport = request.transport
+    peercert = transport.get_extra_info("peercert") if transport is not None else None
+    why = authenticate(
+        peercert,
+        required=st.config.client_ca_file is not None,
+        allowed_cns=st.config.client_cns,
+    )
+    if why is not None:
+        return _refuse(st, endpoint, "certificate", Unauthenticated(why))
     try:
         try:
             # read() returns the whole body; content.read(n) may return a part.
@@ -176,6 +197,9 @@ async def _admit(request: web.Request, endpoint: str) -> web.Response:
     except WebhookError as e:
         st.metrics.malformed(endpoint)
         return web.json_response({"error": str(e)}, status=e.status)
+    forged = inconsistency(body)
+    if forged is not None:
+        return _refuse(st, endpoint, "inconsistent", InconsistentReview(forged))
     refused = None
     if not await _namespace_labels_for(st, review.namespace):
         refused = unknown_namespace_denial(review)
@@ -357,10 +381,17 @@ def cert_manager(config: WebhookConfig, client: KubeClient) -> CertManager:
         cert_file=config.tls_cert_file,
         key_file=config.tls_key_file,
         work_dir=config.work_dir,
+        client_ca_file=config.client_ca_file,
     )
 
 
 async def _serve(config: WebhookConfig) -> int:
+    if config.client_ca_file is None:
+        log.warning(
+            "no --client-ca-file: any caller that reaches this port may send reviews; "
+            "only their consistency is checked (docs/install.md, "
+            "'Authenticating the apiserver to the webhook')"
+        )
     client = KubeClient.from_kubeconfig(config.kubeconfig, user_agent="sandman-webhook")
     certs = cert_manager(config, client)
     client.open()
