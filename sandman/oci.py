@@ -11,12 +11,14 @@ one by one. Exceptions (all ``RegistryError``; the client raises the rest)::
     ├── ImageNotFound         404 for the manifest or the config blob
     ├── NoMatchingPlatform    an index without the wanted platform
     └── BadManifest           unsupported or malformed content, digest mismatch, too large
+        └── ConfigTooLarge    an image config over what Sandman reads from one
 """
 
 from __future__ import annotations
 
 import hashlib
 import ipaddress
+import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -71,6 +73,18 @@ class NoMatchingPlatform(RegistryError):
 
 class BadManifest(RegistryError):
     pass
+
+
+class ConfigTooLarge(BadManifest):
+    """An image config over the bounds Sandman reads (``check_argv``, WORKDIR, and the
+    client's ``MAX_CONFIG_BYTES``). ``REASON`` is fixed text, safe to show a pod author
+    (nothing in it is chosen by the registry); the message adds the numbers."""
+
+    REASON = (
+        "image config over the limits Sandman reads (ENTRYPOINT+CMD at most 256 words, "
+        "16 KiB each, 64 KiB in all; WORKDIR at most 4 KiB; the config at most 1 MiB); "
+        "give the container an explicit `command`"
+    )
 
 
 # -- references ------------------------------------------------------------------
@@ -203,17 +217,79 @@ def select_manifest(index: dict[str, Any], platform: Platform = LINUX_AMD64) -> 
     return candidates[0]
 
 
+# What Sandman reads of an image config: the argv (ENTRYPOINT then CMD) and
+# WORKDIR, bounded, because the webhook keeps them in its cache and puts the
+# argv into the pod's command. Real images run a handful of words (the
+# harness's images: 1 to 7; `sh -c "<script>"` images: a few KB in one word);
+# the kernel allows 128 KiB per word and 2 MiB in all, but an argv that large
+# is a file baked into an image, which belongs in the pod's own `command`.
+# 256 words, 16 KiB each, 64 KiB in all: an order of magnitude above real
+# images, while a cached entry stays under about 80 KB (argv plus per-word
+# overhead) and the pod object far below the apiserver's 1.5 MiB.
+MAX_ARGV_WORDS = 256
+MAX_ARGV_WORD_BYTES = 16 << 10
+MAX_ARGV_BYTES = 64 << 10
+# Linux PATH_MAX.
+MAX_WORKING_DIR_BYTES = 4096
+_FIX = "give the container an explicit `command` (and `args`) instead"
+
+
+def _utf8_len(word: str) -> int:
+    # JSON may carry lone surrogates ("\ud800"); count them, do not fail on them.
+    return len(word.encode("utf-8", "surrogatepass"))
+
+
+def check_argv(entrypoint: tuple[str, ...], cmd: tuple[str, ...]) -> None:
+    """Refuse an ENTRYPOINT+CMD over the caps (pure); the error names the cap and the fix."""
+    words = len(entrypoint) + len(cmd)
+    if words > MAX_ARGV_WORDS:
+        raise ConfigTooLarge(
+            f"the image config's Entrypoint+Cmd has {words} words, over the "
+            f"{MAX_ARGV_WORDS} Sandman reads from an image; {_FIX}"
+        )
+    total = 0
+    for word in (*entrypoint, *cmd):
+        n = _utf8_len(word)
+        if n > MAX_ARGV_WORD_BYTES:
+            raise ConfigTooLarge(
+                f"the image config's Entrypoint+Cmd has a {n}-byte word, over the "
+                f"{MAX_ARGV_WORD_BYTES} bytes per word Sandman reads from an image; {_FIX}"
+            )
+        total += n
+    if total > MAX_ARGV_BYTES:
+        raise ConfigTooLarge(
+            f"the image config's Entrypoint+Cmd is {total} bytes, over the "
+            f"{MAX_ARGV_BYTES} Sandman reads from an image; {_FIX}"
+        )
+
+
 @dataclass(frozen=True)
 class ImageConfig:
-    """What an image's config says about how it runs (None: not set in the image)."""
+    """How an image runs, as far as Sandman needs it (None: not set in the image).
+
+    Only ENTRYPOINT, CMD and WORKDIR, bounded (``check_argv``): the webhook
+    caches these for every image it has seen, and it once kept every field of
+    a config (Env included) whatever its size, so that a few hostile multi-MB
+    configs held hundreds of MB in each replica until it was OOM-killed and
+    every sandbox create failed. Immutable, so safe to share.
+    """
 
     entrypoint: tuple[str, ...] | None = None
     cmd: tuple[str, ...] | None = None
     working_dir: str = ""
-    user: str = ""
-    env: tuple[str, ...] = ()
-    os: str = ""
-    architecture: str = ""
+
+    @classmethod
+    def from_bytes(cls, blob: bytes) -> ImageConfig:
+        """Parse a config blob; the parsed document is dropped on return, only
+        the bounded fields stay."""
+        try:
+            doc = json.loads(blob)
+        except RecursionError:
+            # the C decoder's answer to "[[[[..." nested deeper than the stack
+            raise BadManifest("the image config is nested too deeply to parse") from None
+        except ValueError:
+            raise BadManifest("the image config is not JSON") from None
+        return cls.from_blob(doc)
 
     @classmethod
     def from_blob(cls, doc: Any) -> ImageConfig:
@@ -227,19 +303,28 @@ class ImageConfig:
             v = c.get(key)
             if v is None:
                 return None
-            if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            if not isinstance(v, list):
+                raise BadManifest(f"the image config's {key} is not a list of strings")
+            if len(v) > MAX_ARGV_WORDS:  # before walking a list of a million words
+                raise ConfigTooLarge(
+                    f"the image config's {key} has {len(v)} words, over the "
+                    f"{MAX_ARGV_WORDS} Sandman reads from an image; {_FIX}"
+                )
+            if not all(isinstance(x, str) for x in v):
                 raise BadManifest(f"the image config's {key} is not a list of strings")
             return tuple(v)
 
-        return cls(
-            entrypoint=argv("Entrypoint"),
-            cmd=argv("Cmd"),
-            working_dir=str(c.get("WorkingDir") or ""),
-            user=str(c.get("User") or ""),
-            env=argv("Env") or (),
-            os=str(doc.get("os") or ""),
-            architecture=str(doc.get("architecture") or ""),
-        )
+        entrypoint, cmd = argv("Entrypoint"), argv("Cmd")
+        check_argv(entrypoint or (), cmd or ())
+        wd = c.get("WorkingDir")
+        if wd is not None and not isinstance(wd, str):
+            raise BadManifest("the image config's WorkingDir is not a string")
+        if wd and _utf8_len(wd) > MAX_WORKING_DIR_BYTES:
+            raise ConfigTooLarge(
+                f"the image config's WorkingDir is over {MAX_WORKING_DIR_BYTES} bytes "
+                f"(Linux PATH_MAX); set the container's `workingDir` and `command` instead"
+            )
+        return cls(entrypoint=entrypoint, cmd=cmd, working_dir=wd or "")
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from sandman.oci import (
     OCI_INDEX,
     OCI_MANIFEST,
     BadManifest,
+    ConfigTooLarge,
     ImageConfig,
     ImageNotFound,
     InvalidReference,
@@ -54,6 +55,7 @@ __all__ = [
     "LINUX_AMD64",
     "AuthConfigError",
     "BadManifest",
+    "ConfigTooLarge",
     "Credential",
     "ImageConfig",
     "ImageNotFound",
@@ -71,10 +73,13 @@ __all__ = [
 
 
 # distribution (the reference registry) refuses manifests above 4 MiB, so no
-# registry serves a bigger one; image configs carry history and env and stay
-# far below 8 MiB in practice. Caps keep a hostile registry from filling memory.
+# registry serves a bigger one. Caps keep a hostile registry from filling memory.
 MAX_MANIFEST_BYTES = 4 << 20
-MAX_CONFIG_BYTES = 8 << 20
+# Image configs are a few KB (the harness's images: under 1 KB; big
+# framework images with long `history`: tens of KB); 1 MiB is far above any
+# real one and bounds what one lookup parses (json.loads of 1 MiB of short
+# strings is a few tens of MB, briefly).
+MAX_CONFIG_BYTES = 1 << 20
 # An index may point at another index (OCI allows it); two levels is what
 # real registries serve, deeper is a loop or an attack.
 MAX_INDEX_DEPTH = 2
@@ -201,11 +206,17 @@ class RegistryClient:
         cfg_digest = str(cfg_desc.get("digest") or "")
         if not DIGEST_RE.match(cfg_digest):
             raise BadManifest(f"{r}: the manifest has no config digest")
+        size = cfg_desc.get("size")
+        if isinstance(size, int) and size > MAX_CONFIG_BYTES:  # refused before the download
+            raise ConfigTooLarge(
+                f"{r}: the image config is {size} bytes, over the {MAX_CONFIG_BYTES} Sandman "
+                "reads; give the container an explicit `command`"
+            )
         blob = await self._blob(r, cfg_digest, keychain)
         try:
-            cfg = ImageConfig.from_blob(json.loads(blob))
-        except ValueError:
-            raise BadManifest(f"{r}: the image config is not JSON") from None
+            cfg = ImageConfig.from_bytes(blob)
+        except BadManifest as e:
+            raise type(e)(f"{r}: {e}") from None
         return ResolvedImage(r, top, digest, cfg)
 
     # -- content ------------------------------------------------------------------

@@ -12,6 +12,13 @@ controller retrying a denied pod does not wait out the budget every time.
 Entries are per login (``cred``): an image read with one namespace's pull
 secret is never answered from the cache to a pod that has no such secret.
 Not thread-safe; the webhook uses it from its event loop only.
+
+Configs are bounded twice: by count (``max_entries``) and by an estimate of
+their bytes (``max_config_bytes``, ``config_cost``). The count alone let a
+few hostile images with multi-MB configs hold hundreds of MB (entries that
+never expire), until the replica was OOM-killed and every sandbox create
+failed; ``ImageConfig`` now keeps only bounded argv and WORKDIR, and the
+byte budget holds whatever the entries weigh.
 """
 
 from __future__ import annotations
@@ -32,9 +39,26 @@ TAG_TTL_S = 30.0
 # enough that a registry back from a blip (or a just-pushed image) is seen
 # on the next try a person makes.
 FAILURE_TTL_S = 5.0
-# An entry is a few hundred bytes (argv, workdir, user, env); 4,096 covers
-# every image a large RL job names (one per task) at a few MB.
+# An entry is a few hundred bytes (argv and workdir); 4,096 covers every
+# image a large RL job names (one per task) at a few MB.
 MAX_ENTRIES = 4096
+# 16 MiB: 4,096 real entries (~1 KB each by ``config_cost``) fit four times
+# over, and 200 entries at the caps of ``sandman.oci`` (~80 KB each) still
+# fit; a replica's limit is 512 MiB, so the cache can never be what kills it.
+MAX_CONFIG_BYTES = 16 << 20
+# CPython's size of a str header plus its slot in a tuple (sys.getsizeof("")
+# is 49, the slot 8), rounded up: an argv of empty words is not free.
+WORD_OVERHEAD = 64
+# The entry's dataclass, its tuples, the OrderedDict node and key tuple.
+ENTRY_OVERHEAD = 512
+
+
+def config_cost(key: str, config: ImageConfig) -> int:
+    """Estimated bytes one cached config holds (pure): its words and key as UTF-8
+    plus a fixed overhead per word and per entry."""
+    words = (*(config.entrypoint or ()), *(config.cmd or ()), config.working_dir, key)
+    text = sum(len(w.encode("utf-8", "surrogatepass")) for w in words)
+    return ENTRY_OVERHEAD + WORD_OVERHEAD * len(words) + text
 
 
 @dataclass(frozen=True)
@@ -53,13 +77,17 @@ class ImageConfigCache:
         tag_ttl_s: float = TAG_TTL_S,
         failure_ttl_s: float = FAILURE_TTL_S,
         max_entries: int = MAX_ENTRIES,
+        max_config_bytes: int = MAX_CONFIG_BYTES,
     ) -> None:
         self.clock = clock
         self.tag_ttl_s = tag_ttl_s
         self.failure_ttl_s = failure_ttl_s
         self.max_entries = max_entries
+        self.max_config_bytes = max_config_bytes
         self._tags: OrderedDict[tuple[str, str], tuple[str, float]] = OrderedDict()
-        self._configs: OrderedDict[tuple[str, str], ImageConfig] = OrderedDict()
+        # key -> (config, config_cost); config_bytes is the sum of the costs
+        self._configs: OrderedDict[tuple[str, str], tuple[ImageConfig, int]] = OrderedDict()
+        self.config_bytes = 0
         self._failures: OrderedDict[tuple[str, str], tuple[str, bool, float]] = OrderedDict()
 
     def __len__(self) -> int:
@@ -93,10 +121,11 @@ class ImageConfigCache:
 
     def config_for(self, ref: Reference, digest: str, cred: str) -> ImageConfig | None:
         key = (f"{ref.name}@{digest}", cred)
-        cfg = self._configs.get(key)
-        if cfg is not None:
-            self._configs.move_to_end(key)
-        return cfg
+        hit = self._configs.get(key)
+        if hit is None:
+            return None
+        self._configs.move_to_end(key)
+        return hit[0]
 
     def get(self, ref: Reference, cred: str) -> Hit | None:
         """The config of what ``ref`` names, without asking the registry (or None)."""
@@ -133,8 +162,24 @@ class ImageConfigCache:
 
     def remember(self, ref: Reference, cred: str, digest: str, config: ImageConfig) -> None:
         self.remember_digest(ref, cred, digest)
-        self._put(self._configs, (f"{ref.name}@{digest}", cred), config)
+        self._put_config((f"{ref.name}@{digest}", cred), config)
         self._failures.pop((str(ref), cred), None)
+
+    def _put_config(self, key: tuple[str, str], config: ImageConfig) -> None:
+        """Insert as most recently used, then evict the least recently used until
+        both the count and the byte budget hold. An entry over the whole budget is
+        not kept (the lookup that fetched it still answers with it)."""
+        old = self._configs.pop(key, None)
+        if old is not None:
+            self.config_bytes -= old[1]
+        cost = config_cost(key[0], config)
+        if cost > self.max_config_bytes:
+            return
+        self._configs[key] = (config, cost)
+        self.config_bytes += cost
+        while len(self._configs) > self.max_entries or self.config_bytes > self.max_config_bytes:
+            _k, (_c, evicted) = self._configs.popitem(last=False)
+            self.config_bytes -= evicted
 
     def remember_failure(
         self, ref: Reference, cred: str, message: str, retryable: bool = False

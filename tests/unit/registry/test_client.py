@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 
 import pytest
 
@@ -10,6 +11,7 @@ from sandman.harness.testing import free_port
 from sandman.oci import DOCKER_MANIFEST
 from sandman.registry import (
     BadManifest,
+    ConfigTooLarge,
     ImageNotFound,
     Keychain,
     NoMatchingPlatform,
@@ -33,12 +35,7 @@ async def test_anonymous_single_manifest() -> None:
         got = await rc.image_config(f"{reg.host}/app:1")
         assert got.digest == got.manifest_digest == d
         c = got.config
-        assert (c.entrypoint, c.cmd, c.working_dir, c.user) == (
-            ("/bin/sh", "/entry.sh"),
-            ("hello",),
-            "/w",
-            "7",
-        )
+        assert (c.entrypoint, c.cmd, c.working_dir) == (("/bin/sh", "/entry.sh"), ("hello",), "/w")
         assert await rc.resolve_digest(f"{reg.host}/app:1") == d
         # a pinned reference needs no request
         before = rc.requests
@@ -127,3 +124,27 @@ async def test_not_found_unreachable_slow_and_tampered() -> None:
         reg.delay_s = 1.0
         with pytest.raises(RegistryUnreachable, match=r"did not answer within 0\.3s"):
             await rc.image_config(f"{reg.host}/app:1")
+
+
+async def test_a_config_over_the_caps_is_refused_naming_the_image() -> None:
+    async with FakeRegistry() as reg, RegistryClient() as rc:
+        # 150,000 words of 9 bytes ('"w000000", '): ~1.35 MB, over the 1 MiB config cap
+        # (was 8 MiB); the manifest says so, and nothing is downloaded
+        d = reg.add_image("big", "1", {"Cmd": [f"w{i:06d}" for i in range(150_000)]})
+        before = reg.hits.get("blob", 0)
+        with pytest.raises(
+            ConfigTooLarge, match=r"/big:1: the image config is \d+ bytes, over the 1048576"
+        ):
+            await rc.image_config(f"{reg.host}/big:1")
+        assert reg.hits.get("blob", 0) == before
+        # a manifest that understates the size: the download stops at the cap
+        media, body = reg.manifests[("big", d)]
+        doc = json.loads(body)
+        doc["config"]["size"] = 100
+        reg.put_manifest("big", "2", media, doc)
+        with pytest.raises(BadManifest, match=r"over the 1048576-byte cap"):
+            await rc.image_config(f"{reg.host}/big:2")
+        # under the byte cap, over the word cap: refused once parsed, the image named
+        reg.add_image("long", "1", {"Cmd": ["w"] * 300})
+        with pytest.raises(ConfigTooLarge, match=r"/long:1: the image config's Cmd has 300 words"):
+            await rc.image_config(f"{reg.host}/long:1")
