@@ -338,16 +338,16 @@ class Reaper:
             # Started a moment ago: the first probe answers within its period.
             self.queue.add_at(key, self._at(now + HELD_RETRY))
             return True
-        until = self.health.hold_until(d.deadline, now, self.options.extension_grace)
-        if until is None:
+        hold = self.health.hold_until(d.deadline, now, self.options.extension_grace)
+        if hold is None:
             return False
-        self.queue.add_at(key, self._at(max(until, now + HELD_RETRY)))
-        if self.reported.get(key) != REASON_LEASE_HELD:
+        self.queue.add_at(key, self._at(max(hold.until, now + HELD_RETRY)))
+        if hold.outage is not None and self.reported.get(key) != REASON_LEASE_HELD:
             self.reported[key] = REASON_LEASE_HELD
             held = Decision(
                 REASON_LEASE_HELD,
-                f"{d.message}, while the admission webhook could not admit lease extensions; "
-                f"held until it has been back for {self.options.extension_grace}",
+                f"{d.message}, while {hold.outage.describe()}, so lease extensions could not "
+                f"be admitted; held until it has been back for {self.options.extension_grace}",
             )
             self._event(pod, held, "Warning")
             self.metrics.reported.labels(REASON_LEASE_HELD).inc()

@@ -68,8 +68,11 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     st = request.app[STATE]
-    synced = st.reaper is not None and st.reaper.informer.synced.is_set()
-    leading = st.reaper is not None and st.reaper.is_leader()
+    r = st.reaper
+    # Ready once the cache is synced and the webhook probe has answered (the
+    # probe's first reading is the baseline later failures are counted from).
+    synced = r is not None and r.informer.synced.is_set() and (r.health is None or r.health.known)
+    leading = r is not None and r.is_leader()
     return web.json_response({"ok": synced, "leader": leading}, status=200 if synced else 503)
 
 

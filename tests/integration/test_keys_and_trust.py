@@ -96,15 +96,15 @@ def test_nothing_in_a_system_namespace_is_touched(
         core.delete_namespaced_pod(name, "kube-system")
 
 
-def _broken_webhook(namespace: str) -> dict[str, Any]:
+def _broken_webhook(namespace: str, webhook: str = "outage.sandman.dev") -> dict[str, Any]:
     """A webhook that admits lease extensions in ``namespace`` and is down."""
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
-        "metadata": {"name": f"outage-{namespace}"[:63]},
+        "metadata": {"name": f"{webhook.split('.')[0]}-{namespace}"[:63]},
         "webhooks": [
             {
-                "name": "outage.sandman.dev",
+                "name": webhook,
                 "admissionReviewVersions": ["v1"],
                 "clientConfig": {"url": f"https://127.0.0.1:{free_port()}/validate"},
                 "rules": [
@@ -160,6 +160,35 @@ def test_leases_are_held_while_the_webhook_cannot_admit_extensions(
     assert exists(core, namespace, "extended")
     ev = wait_for(lambda: events(core, namespace, "LeaseExpired"), timeout=30, what="Event")
     assert {e["involvedObject"]["name"] for e in ev} == {"abandoned"}
+
+
+def test_a_webhook_not_yet_serving_when_the_reaper_starts_holds_no_lease(
+    cluster: LocalCluster, core: CoreV1Api, namespace: str, reapers: Any
+) -> None:
+    # Right after an install the webhook is still starting: the reaper's probe
+    # fails, but no extension was refused (the apiserver failed no call), so a
+    # lease that ends is reclaimed on time, even under the default 2 min grace.
+    adm = AdmissionregistrationV1Api(api_client(cluster.kubeconfig))
+    hook = _broken_webhook(namespace, "starting.sandman.dev")
+    adm.create_validating_webhook_configuration(hook)
+    name = hook["metadata"]["name"]
+    try:
+        reapers(
+            "--no-leader-elect",
+            "--extension-grace=2m",
+            f"--webhook-config={name}",
+            "--webhook-name=starting.sandman.dev",
+        )
+        core.create_namespaced_pod(namespace, sandbox("ends", "4s"))
+        ended = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=4)
+        wait_for(lambda: not exists(core, namespace, "ends"), timeout=60, what="reclaimed")
+        # On time: within the reaper's wait for one probe reading after the
+        # lease ended (5 s) and the deletion, far inside the 2 min grace.
+        assert dt.datetime.now(dt.UTC) - ended < dt.timedelta(seconds=30)
+        assert not events(core, namespace, "LeaseHeld")
+        assert events(core, namespace, "LeaseExpired")
+    finally:
+        adm.delete_validating_webhook_configuration(name)
 
 
 def _try_patch(core: CoreV1Api, ns: str, name: str, body: dict[str, Any]) -> bool:
