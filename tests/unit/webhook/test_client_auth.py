@@ -152,3 +152,23 @@ async def test_an_allowed_cn_list_refuses_other_certificates_of_the_ca(tmp_path:
         assert status == 400  # authenticated; refused as inconsistent
     finally:
         await served.runner.cleanup()
+
+
+async def test_a_rotated_client_ca_is_trusted_without_a_restart(tmp_path: Path) -> None:
+    served = Served(tmp_path)
+    url = await served.start()
+    try:
+        new_ca = tls.new_ca("client-ca-2", now=NOW, valid_for=HOUR)
+        with pytest.raises(aiohttp.ClientError):
+            await post(f"{url}/mutate", served.client_ctx(new_ca), review())
+        # The mounted ConfigMap now holds both CAs (a rotation adds the new one first).
+        (tmp_path / "client-ca.crt").write_bytes(served.client_ca.cert_pem + new_ca.cert_pem)
+        await served.certs.reconcile()  # the periodic pass notices the new content
+        status, _ = await post(f"{url}/mutate", served.client_ctx(new_ca), review(namespace="x"))
+        assert status == 400  # authenticated, then refused as inconsistent
+        status, _ = await post(
+            f"{url}/mutate", served.client_ctx(served.client_ca), review(namespace="x")
+        )
+        assert status == 400
+    finally:
+        await served.runner.cleanup()
