@@ -17,6 +17,7 @@ import concurrent.futures as cf
 import json
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -24,6 +25,7 @@ from kubernetes.client import CoreV1Api
 
 from sandman.bench.report import percentile, table
 from sandman.contract import ANN_TTL, LABEL_SANDBOX
+from sandman.harness.cluster import admission
 from sandman.harness.cluster.kwok_nodes import KWOK_IMAGE, on_kwok
 from sandman.harness.kube import api_client
 from sandman.harness.probes import insecure_context
@@ -74,15 +76,20 @@ def _review(uid: str, obj: dict[str, Any]) -> dict[str, Any]:
             "resource": {"group": "", "version": "v1", "resource": "pods"},
             "namespace": "default",
             "operation": "CREATE",
-            "object": obj,
+            # The apiserver fills in the namespace before admission; the
+            # webhook refuses a review whose object says otherwise.
+            "object": {**obj, "metadata": {**obj["metadata"], "namespace": "default"}},
             "userInfo": {"username": "bench"},
             "dryRun": False,
         },
     }
 
 
-async def admission_latency(url: str, rate: float, seconds: float) -> dict[str, list[float]]:
+async def admission_latency(
+    url: str, rate: float, seconds: float, client_cert: tuple[Path, Path]
+) -> dict[str, list[float]]:
     ctx = insecure_context()
+    ctx.load_cert_chain(*client_cert)  # the webhook answers only the apiserver's certificate
     obj = _pod({LABEL_SANDBOX: "true"})
     injected = None
     out: dict[str, list[float]] = {"mutate": [], "validate": []}
@@ -156,7 +163,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         deployment = cluster.deployment
         if deployment is None:
             raise RuntimeError("the cluster runs no webhook: `sandman cluster up --deploy`")
-        lat = asyncio.run(admission_latency(deployment.webhook_url, args.rate, args.seconds))
+        cert = admission.client_cert(cluster.layout.pki)
+        lat = asyncio.run(admission_latency(deployment.webhook_url, args.rate, args.seconds, cert))
         core = CoreV1Api(api_client(cluster.kubeconfig))
         ns = f"bench-webhook-{uuid.uuid4().hex[:6]}"
         core.create_namespace({"metadata": {"name": ns}})

@@ -86,6 +86,15 @@ class Layout:
     def admin_kubeconfig(self) -> Path:
         return self.kubeconfig("admin")
 
+    @property
+    def admission_config(self) -> Path:
+        """The apiserver's AdmissionConfiguration (harness/cluster/admission.py)."""
+        return self.config_dir / "admission.yaml"
+
+    @property
+    def admission_kubeconfig(self) -> Path:
+        return self.config_dir / "admission-webhooks.kubeconfig"
+
 
 def etcd_argv(cfg: ClusterConfig, bins: Binaries, lay: Layout) -> list[str]:
     client = f"http://127.0.0.1:{cfg.ports.etcd_client}"
@@ -140,6 +149,8 @@ def apiserver_argv(cfg: ClusterConfig, bins: Binaries, lay: Layout) -> list[str]
         f"--service-cluster-ip-range={SERVICE_CIDR}",
         "--authorization-mode=Node,RBAC",
         "--enable-admission-plugins=NodeRestriction",
+        # Its client certificate for admission webhooks (harness/cluster/admission.py).
+        f"--admission-control-config-file={lay.admission_config}",
         "--allow-privileged=true",
         # The endpoint reconciler publishes the advertise address as the
         # `kubernetes` Service's endpoint; a loopback one is rejected (and

@@ -22,13 +22,14 @@ from kubernetes.client import AdmissionregistrationV1Api, CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
 from sandman.contract import ANN_INJECTED, LABEL_SANDBOX, NAMESPACE
-from sandman.harness.cluster import overlay
+from sandman.harness.cluster import admission, overlay
 from sandman.harness.cluster import reaper as reaper_proc
 from sandman.harness.cluster.binaries import Binaries
 from sandman.harness.cluster.components import Layout
 from sandman.harness.cluster.config import ClusterConfig
 from sandman.harness.cluster.extender import ready_url as extender_ready_url
 from sandman.harness.cluster.extender import serve_argv as extender_argv
+from sandman.harness.cluster.pki import ADMISSION_CLIENT_CN
 from sandman.harness.cluster.process import ManagedProcess, wait_healthy, wait_until
 from sandman.harness.kube import api_client
 from sandman.harness.probes import http_ok
@@ -133,6 +134,9 @@ class LocalDeployment:
             f"--policy-configmap={NAMESPACE}/{overlay.POLICY_CONFIGMAP}",
             "--extra-ip=127.0.0.1",
             f"--work-dir={self.layout.state_dir / 'webhook'}",
+            # Reviews only from the apiserver (harness/cluster/admission.py).
+            f"--client-ca-file={admission.client_ca(self.layout.pki)}",
+            f"--client-cn={ADMISSION_CLIENT_CN}",
         ]
         # The host-run schedulers do without leader election, so they hold no
         # Lease to judge them by (webhook/schedulers.py): not checked here.

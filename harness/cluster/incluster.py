@@ -18,10 +18,11 @@ from datetime import datetime
 from typing import Any
 
 from kubernetes.client import AppsV1Api, CoreV1Api
+from kubernetes.client.exceptions import ApiException
 
 from sandman.client.startup import ready
 from sandman.contract import NAMESPACE
-from sandman.harness.cluster import overlay
+from sandman.harness.cluster import admission, overlay
 from sandman.harness.cluster.binaries import Binaries
 from sandman.harness.cluster.components import Layout
 from sandman.harness.cluster.config import ClusterConfig
@@ -34,6 +35,8 @@ from sandman.install.images import COMPONENTS
 
 WEBHOOK = "sandman-webhook"
 REAPER = "sandman-reaper"
+# Holds the apiserver's admission client CA (manifests/overlays/local).
+CLIENT_CA_CONFIGMAP = "sandman-apiserver-client-ca"
 WEBHOOK_PORT = 8443  # the container port (manifests/webhook/deployment.yaml)
 # Seconds for the Deployments to roll out: a cold node pulls ~60 MB of images
 # from the local registry and starts six Python processes on 2 cores.
@@ -93,8 +96,36 @@ class InClusterDeployment:
         """
         path = overlay.write(self.config, version)
         self.docs = overlay.rendered(self.kubectl, path)
+        self._put_client_ca(self.docs)
         ap.apply(self.kubectl, path, force_conflicts=True)
         return self.docs
+
+    def _put_client_ca(self, docs: list[dict[str, Any]]) -> None:
+        """The CA of the apiserver's admission client certificate, where the
+        webhook's --client-ca-file reads it (manifests/overlays/local): an
+        admin's step, outside the manifests, since the CA is the cluster's."""
+        core = self._core()
+        try:
+            core.create_namespace(overlay.pick(docs, "Namespace", NAMESPACE))
+        except ApiException as e:
+            if e.status != 409:
+                raise
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": CLIENT_CA_CONFIGMAP,
+                "namespace": NAMESPACE,
+                "labels": {"app.kubernetes.io/part-of": "sandman"},
+            },
+            "data": {"ca.crt": admission.client_ca(self.layout.pki).read_text()},
+        }
+        try:
+            core.create_namespaced_config_map(NAMESPACE, body)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+            core.replace_namespaced_config_map(CLIENT_CA_CONFIGMAP, NAMESPACE, body)
 
     @property
     def version(self) -> str:

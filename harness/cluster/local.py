@@ -23,6 +23,7 @@ from pathlib import Path
 from kubernetes.client import CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
+from sandman.harness.cluster import admission
 from sandman.harness.cluster import components as comp
 from sandman.harness.cluster.binaries import Binaries, ensure_binaries
 from sandman.harness.cluster.config import ClusterConfig
@@ -312,6 +313,9 @@ class LocalCluster:
             write_kubeconfig(
                 lay.kubeconfig(who), server=self.server, pki=lay.pki, cert=cert, user=who
             )
+        hosts = admission.webhook_hosts(self.config.ports.webhook)
+        comp.write_yaml(lay.admission_kubeconfig, admission.kubeconfig(lay.pki, hosts))
+        comp.write_yaml(lay.admission_config, admission.configuration(lay.admission_kubeconfig))
         for proc, _ in self._schedulers():
             name = "default-scheduler" if proc.name == "kube-scheduler" else proc.name
             extenders = self.sandman_extenders() if name == comp.SANDMAN_SCHEDULER else ()

@@ -21,6 +21,14 @@ from sandman import tls
 # problem (it manages its own certificates), not the test cluster's.
 VALIDITY = dt.timedelta(days=3650)
 
+# The apiserver's identity towards admission webhooks (the client certificate
+# its AdmissionConfiguration's kubeconfig names), under a CA of its own: the
+# main CA signs every user's client certificate, and a webhook that trusted it
+# would take any kubeconfig for the apiserver.
+ADMISSION_CLIENT = "apiserver-admission-client"
+ADMISSION_CLIENT_CA = "admission-client-ca"
+ADMISSION_CLIENT_CN = "kube-apiserver-admission-client"
+
 APISERVER_DNS = (
     "localhost",
     "kubernetes",
@@ -153,6 +161,13 @@ class Pki:
             now=now,
             client=True,
             ca_name="front-proxy-ca",
+        )
+        self.ensure_cert(
+            ADMISSION_CLIENT,
+            ADMISSION_CLIENT_CN,
+            now=now,
+            client=True,
+            ca_name=ADMISSION_CLIENT_CA,
         )
         if not self.sa_key.exists():
             priv, pub = tls.new_signing_key()
