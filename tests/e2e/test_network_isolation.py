@@ -8,26 +8,40 @@ addresses, which cannot be served here) are shown working on a stand-in
 address, the node's registry on the bridge. Injected containers lack
 NET_RAW, so a root agent cannot forge ARP on the bridge to read its
 neighbours' requests.
+
+Nothing inside a sandbox reaches Sandman's own components nor kube-system
+(but DNS): the sandbox egress policy leaves both namespaces (and the pod and
+service ranges) out, and sandman-system's own ingress policies
+(manifests/base/networkpolicy.yaml) let in only the control plane, Sandman's
+pods and, for the extender, pods that are not sandboxes. The reaper does not
+run in test sessions (tests run their own), so a stand-in pod listens on its
+port; kube-system gets a stand-in too, besides CoreDNS's metrics port.
+The local cluster's ranges come from manifests/overlays/local/sandbox-namespace.
 """
 
 from __future__ import annotations
 
 import copy
+import socket
 from typing import Any
 
 import yaml
 from kubernetes.client import CoreV1Api, NetworkingV1Api
+from kubernetes.client.exceptions import ApiException
 
 from sandman import tokens
-from sandman.contract import ANN_KEY_ID, LABEL_ID, LABEL_SANDBOX
+from sandman.contract import ANN_KEY_ID, LABEL_ID, LABEL_SANDBOX, NAMESPACE
 from sandman.harness.cluster.deploy import MANIFESTS
 from sandman.harness.cluster.local import LocalCluster
 from sandman.harness.cluster.node import RealNode
 from sandman.harness.kube import api_client, raw
-from sandman.harness.testing import real_pod, wait_for, wait_ready
+from sandman.harness.testing import kubectl, real_pod, wait_for, wait_ready
 from tests.e2e.test_sandbox import call
 
-POLICY = MANIFESTS / "sandbox-namespace" / "networkpolicy.yaml"
+# The shipped sandbox policies with the local cluster's address ranges.
+LOCAL_POLICIES = MANIFESTS / "overlays" / "local" / "sandbox-namespace"
+MONITORING_POLICY = MANIFESTS / "monitoring" / "networkpolicy.yaml"
+NODE_PEER = {"ipBlock": {"cidr": "10.244.0.1/32"}}  # the local overlay's node peer
 NET_RAW = 13  # capabilities(7): CAP_NET_RAW
 # The node's read-only registry on the bridge: an address a pod can reach
 # that is not a pod (a stand-in for 169.254.169.254, which nothing serves here).
@@ -51,6 +65,20 @@ def not_connected(out: dict[str, Any]) -> bool:
     """nc ran and could not connect (not a crash, not an HTTP answer)."""
     text = out["stdout"] + out["stderr"]
     return out["exit_code"] == 1 and "HTTP/1." not in text and "egmentation" not in text
+
+
+def tcp(ip: str, port: int) -> str:
+    """A shell line that connects, writes a line and waits for the peer to
+    close: exit 0 once connected (an HTTP server answers 400, a TLS server
+    drops the handshake), 1 when the connection cannot be made."""
+    return f"printf 'x\\r\\n\\r\\n' | nc -w {NC_TIMEOUT_S} {ip} {port}"
+
+
+def local_policies(cluster: LocalCluster) -> dict[str, dict[str, Any]]:
+    """The sandbox-namespace policies as the local cluster applies them."""
+    out = kubectl(cluster, "kustomize", str(LOCAL_POLICIES))
+    docs = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "NetworkPolicy"]
+    return {d["metadata"]["name"]: d for d in docs}
 
 
 def _sandbox(core: CoreV1Api, ns: str, name: str, image: str) -> dict[str, Any]:
@@ -85,7 +113,7 @@ def test_sandboxes_cannot_reach_each_other_but_the_namespace_client_can(
     namespace: str,
     images: dict[str, str],
 ) -> None:
-    policies = {d["metadata"]["name"]: d for d in yaml.safe_load_all(POLICY.read_text())}
+    policies = local_policies(cluster)
     net = NetworkingV1Api(api_client(cluster.kubeconfig))
     for policy in policies.values():
         net.create_namespaced_network_policy(namespace, policy)
@@ -130,9 +158,11 @@ def test_sandboxes_cannot_reach_each_other_but_the_namespace_client_can(
     assert '"ok": true' in logs or '"ok":true' in logs, logs
 
     # Egress: the stand-in address is reachable as shipped, and refused once
-    # it is in the policy's except list like the metadata addresses.
+    # it is in the policy's except list like the metadata addresses (and the
+    # local overlay's peer for the node, which it is, is gone).
     assert answered(_run(b, token_b, to_stand_in))
     blocked = copy.deepcopy(policies["sandman-sandboxes-egress"])
+    blocked["spec"]["egress"][0]["to"].remove(NODE_PEER)
     for peer in blocked["spec"]["egress"][0]["to"]:
         block = peer.get("ipBlock") or {}
         if block.get("cidr") == "0.0.0.0/0":
@@ -157,3 +187,137 @@ def test_injected_containers_lack_net_raw(
     # What an agent would try: raw sockets (ping) fail.
     ping = _run(pod, _token(core, namespace, pod), f"ping -c 1 -W 1 {STAND_IN}")
     assert ping["exit_code"] != 0 and "permission" in (ping["stderr"] + ping["stdout"]).lower()
+
+
+# A pod that answers HTTP on ``port``, restricted enough for sandman-system's
+# Pod Security level (busybox httpd serving its own root).
+def _stand_in(
+    core: CoreV1Api, ns: str, name: str, labels: dict[str, str], port: int, image: str
+) -> str:
+    """Its pod IP, once Ready."""
+    pod = real_pod(name, image, ["httpd", "-f", "-p", str(port), "-h", "/"])
+    pod["metadata"]["labels"] = labels
+    pod["spec"]["securityContext"] = {
+        "runAsNonRoot": True,
+        "runAsUser": 65532,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    pod["spec"]["containers"][0]["securityContext"] = {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    core.create_namespaced_pod(ns, pod)
+    return str(wait_ready(core, ns, name, timeout=180)["status"]["podIP"])
+
+
+def _pod_ips(core: CoreV1Api, ns: str, selector: str) -> list[str]:
+    pods = raw(core.list_namespaced_pod(ns, label_selector=selector, _preload_content=False))
+    return [p["status"]["podIP"] for p in pods["items"] if p["status"].get("podIP")]
+
+
+def _listens(ip: str, port: int) -> bool:
+    """From the host (which every enforcer lets through): the target is there."""
+    try:
+        socket.create_connection((ip, port), timeout=NC_TIMEOUT_S).close()
+    except OSError:
+        return False
+    return True
+
+
+def test_sandboxes_reach_neither_sandmans_components_nor_kube_system_but_dns(
+    cluster: LocalCluster,
+    real_node: RealNode,
+    core: CoreV1Api,
+    namespace: str,
+    images: dict[str, str],
+) -> None:
+    net = NetworkingV1Api(api_client(cluster.kubeconfig))
+    for policy in local_policies(cluster).values():
+        net.create_namespaced_network_policy(namespace, policy)
+    reaper = "sandman-stand-in-reaper"
+    system = "sandman-stand-in-system"
+    stand_ins = [(NAMESPACE, reaper), ("kube-system", system)]
+    try:
+        img = images["tiny"]
+        reaper_ip = _stand_in(
+            core, NAMESPACE, reaper, {"app.kubernetes.io/name": reaper}, 8080, img
+        )
+        system_ip = _stand_in(core, "kube-system", system, {"app": system}, 8080, img)
+        webhook_svc = core.read_namespaced_service("sandman-webhook", NAMESPACE).spec.cluster_ip
+        webhooks = _pod_ips(core, NAMESPACE, "app.kubernetes.io/name=sandman-webhook")
+        extenders = _pod_ips(core, NAMESPACE, "app.kubernetes.io/name=sandman-scheduler")
+        dns_pods = _pod_ips(core, "kube-system", "k8s-app=kube-dns")
+        targets = [
+            ("webhook Service", webhook_svc, 443),
+            *(("webhook pod", ip, 8443) for ip in webhooks),
+            *(("extender pod", ip, 8890) for ip in extenders),
+            ("reaper port (stand-in)", reaper_ip, 8080),
+            ("kube-system pod (stand-in)", system_ip, 8080),
+            *(("CoreDNS metrics", ip, 9153) for ip in dns_pods),
+        ]
+        kinds = {what for what, _, _ in targets}
+        assert {"webhook pod", "extender pod", "CoreDNS metrics"} <= kinds, targets
+        for what, ip, port in targets:
+            assert _listens(ip, port), f"{what} {ip}:{port} does not listen: no proof below"
+
+        sb = _sandbox(core, namespace, "sb", images["tiny"])
+        token = _token(core, namespace, sb)
+        # The tool connects where the policies allow: the node's registry.
+        assert _run(sb, token, tcp(STAND_IN, 5000))["exit_code"] == 0
+        for what, ip, port in targets:
+            # A new pod is unfiltered for a moment (kube-router adds its rules).
+            wait_for(
+                lambda ip=ip, port=port: not_connected(_run(sb, token, tcp(ip, port))),
+                timeout=60,
+                what=f"sandbox -> {what} {ip}:{port} refused",
+            )
+        for what, ip, port in targets:  # ...and stays refused
+            assert not_connected(_run(sb, token, tcp(ip, port))), f"{what} {ip}:{port}"
+        # DNS, the one way into kube-system, still resolves.
+        dns = _run(sb, token, f"nslookup sandman-webhook.{NAMESPACE}.svc.cluster.local")
+        assert dns["exit_code"] == 0 and webhook_svc in dns["stdout"], dns
+    finally:
+        for ns, name in stand_ins:
+            try:
+                core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+
+
+def test_prometheus_still_reaches_the_webhooks_metrics_port(
+    cluster: LocalCluster,
+    real_node: RealNode,
+    core: CoreV1Api,
+    namespace: str,
+    images: dict[str, str],
+) -> None:
+    """With manifests/monitoring's policy, a Prometheus pod (not a sandbox) in
+    another namespace connects to the webhook's port; sandman-system's
+    default deny does not starve the scrape."""
+    doc = yaml.safe_load(MONITORING_POLICY.read_text())
+    net = NetworkingV1Api(api_client(cluster.kubeconfig))
+    net.create_namespaced_network_policy(NAMESPACE, doc)
+    try:
+        ip = _pod_ips(core, NAMESPACE, "app.kubernetes.io/name=sandman-webhook")[0]
+        # Retried: until kube-router has the new pod's IP among the allowed
+        # peers, its packets are dropped like anyone's.
+        script = (
+            f"i=0; while [ $i -lt 60 ]; do {tcp(ip, 8443)} && echo connected && exit 0; "
+            "i=$((i+1)); sleep 1; done; exit 1"
+        )
+        prom = real_pod("prometheus", images["tiny"], ["sh", "-c", script])
+        prom["metadata"]["labels"] = {"app.kubernetes.io/name": "prometheus"}
+        prom["spec"]["restartPolicy"] = "Never"
+        core.create_namespaced_pod(namespace, prom)
+
+        def finished() -> str | None:
+            pod = raw(core.read_namespaced_pod("prometheus", namespace, _preload_content=False))
+            phase = pod["status"].get("phase")
+            return phase if phase in ("Succeeded", "Failed") else None
+
+        phase = wait_for(finished, timeout=180, what="the scrape attempt done")
+        logs = core.read_namespaced_pod_log("prometheus", namespace)
+        assert phase == "Succeeded" and "connected" in logs, logs
+    finally:
+        net.delete_namespaced_network_policy(doc["metadata"]["name"], NAMESPACE)
