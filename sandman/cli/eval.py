@@ -46,6 +46,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--start-timeout", type=float, default=300.0,
                    help="seconds a sandbox may take to start (default 300)")  # fmt: skip
     p.add_argument("--jsonl", action="store_true", help="SPEC is JSON lines")
+    p.add_argument("--allow-unverified-network", action="store_true",
+                   help="run offline tasks even where a canary cannot show that "
+                        "NetworkPolicy is enforced (recorded: network unverified)")  # fmt: skip
     p.add_argument("--insecure-registry", action="append", default=[], metavar="HOST",
                    help="plain HTTP to HOST when pinning images (loopback always is)")  # fmt: skip
     p.add_argument("--registry-endpoint", action="append", default=[], metavar="HOST=URL",
@@ -90,6 +93,7 @@ def _progress(rec: dict[str, Any]) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from sandman.client import SandmanClient
+    from sandman.eval.canary import NetworkUnverified
     from sandman.eval.network import NetworkNotIsolated
     from sandman.eval.results import ResultsDir, RunExists
     from sandman.eval.runner import EvalRun, Hooks, Options, SpecChanged
@@ -110,6 +114,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         namespace=args.namespace or default_namespace(args.kubeconfig),
         concurrency=args.concurrency, attempts=args.attempts, repeat=args.repeat,
         profile=args.profile, start_timeout_s=args.start_timeout, resume=args.resume,
+        allow_unverified_network=args.allow_unverified_network,
     )  # fmt: skip
 
     async def main() -> Any:
@@ -126,7 +131,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     try:
         result = asyncio.run(main())
-    except (RunExists, SpecChanged, NetworkNotIsolated, ValueError) as e:
+    except (RunExists, SpecChanged, NetworkNotIsolated, NetworkUnverified, ValueError) as e:
         print(f"sandman eval run: refused: {e}", file=sys.stderr)
         return EXIT_REFUSED
     except (ApiError, OSError) as e:

@@ -21,7 +21,7 @@ from sandman.client import Sandbox, SandmanClient
 from sandman.client.errors import DaemonError
 from sandman.client.results import ExecResult
 from sandman.contract import format_duration
-from sandman.eval import conditions
+from sandman.eval import canary, conditions
 from sandman.eval.decide import FAIL, PASS, ConditionsNotMet, TaskBroken
 from sandman.eval.pins import Pin
 from sandman.eval.scoring import CommandResult, score
@@ -68,6 +68,7 @@ class Settings:
     node_info: Callable[[str], Awaitable[dict[str, Any]]] | None = None
     hook: Hook | None = None
     clock: Callable[[], float] = time.monotonic
+    network: canary.NetworkCheck | None = None  # the offline tasks' canary (canary.py)
 
 
 @dataclass
@@ -131,6 +132,10 @@ class Runner:
 
     async def _run(self, a: Attempt, pin: Pin) -> Outcome:
         task, s = a.task, self.s
+        offline = not task.network and s.network is not None
+        if offline:
+            assert s.network is not None
+            s.network.raise_if_refused()  # no sandbox for a run already refused
         t = await self._enter(a, "start")
         lease = s.start_timeout_s + task.timeout.total_seconds() + LEASE_MARGIN_S
         a.sandbox = sb = await Sandbox.create(
@@ -153,6 +158,10 @@ class Runner:
 
         t = await self._enter(a, "check")
         await self._check(a, sb, pin)
+        if offline:
+            assert s.network is not None
+            v = await s.network.verify(lambda: _canary(sb))
+            a.conditions["network_check"] = v.network
         a.phases["check_s"] = s.clock() - t
 
         deadline = s.clock() + task.timeout.total_seconds()
@@ -251,6 +260,18 @@ class Runner:
         a.commands += 1
         _save(a, cmd, r)
         return r
+
+
+async def _canary(sb: Sandbox) -> tuple[int, str]:
+    """(exit code, output) of the network canary; a refusal by the daemon is
+    "could not run" (-1), its failure an infrastructure one (raised)."""
+    try:
+        r = await sb.exec(canary.ARGV, timeout_s=canary.EXEC_TIMEOUT_S, max_output_bytes=4096)
+    except DaemonError as e:
+        if e.status >= 500 or e.status == 401:
+            raise
+        return -1, f"the daemon refused the canary: {e.code}: {e.message}"
+    return r.exit_code, (r.stdout + r.stderr) if not r.timed_out else "timed out"
 
 
 async def _write(sb: Sandbox, path: str, text: str) -> str:

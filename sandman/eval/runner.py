@@ -24,7 +24,7 @@ from sandman.client import SandmanClient
 from sandman.clock import utc_now
 from sandman.contract import format_time
 from sandman.eval import attempt as attempt_mod
-from sandman.eval import decide, network, pins
+from sandman.eval import canary, decide, network, pins
 from sandman.eval.results import Key, ResultsDir, RunExists, finished, task_record
 from sandman.eval.spec import Spec, Task
 from sandman.eval.summary import render_text, summarize
@@ -46,6 +46,9 @@ class Options:
     profile: str = "eval"
     start_timeout_s: float = 300.0
     resume: bool = False
+    # Run offline tasks even where the canary cannot show the network is off
+    # (canary.py); the run records network: unverified.
+    allow_unverified_network: bool = False
 
 
 @dataclass
@@ -101,6 +104,7 @@ class EvalRun:
         self._nodes: dict[str, dict[str, Any]] = {}
         self.run_doc: dict[str, Any] = {}
         self.pins: dict[str, pins.Pin] = {}
+        self.network = canary.NetworkCheck(options.allow_unverified_network)
 
     # -- preparation -----------------------------------------------------------
     async def _prepare(self) -> dict[Key, dict[str, Any]]:
@@ -198,6 +202,7 @@ class EvalRun:
             node_info=self._node_info,
             hook=self.hooks.before_phase,
             clock=self.clock,
+            network=self.network,
         )
         runner = attempt_mod.Runner(settings)
         gate = asyncio.Semaphore(self.opts.concurrency)
@@ -224,7 +229,10 @@ class EvalRun:
         text = render_text(summary, ordered)
         self.out.write_summary(summary, text)
         self.run_doc["finished_at"] = format_time(self.wall())
+        if self.run_doc.get("network") is not None:
+            self.run_doc["network"] = {**self.run_doc["network"], **self.network.record}
         self.out.write_run(self.run_doc)
+        self.network.raise_if_refused()  # after the results: the holes say why
         return RunResult(ordered, summary, text, self.run_doc)
 
     async def _task(self, runner: attempt_mod.Runner, task: Task, repeat: int) -> dict[str, Any]:

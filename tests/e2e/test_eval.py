@@ -222,6 +222,11 @@ async def test_eval_run_scores_exactly_retries_infrastructure_and_repeats(
             assert summary["line"] == f"9 scored, 1 infra-failed after {ATTEMPTS} attempts"
             assert summary["line"] in (first.root / "summary.txt").read_text()
             assert summary["failures"]["infra_failed"] == {"ImageNotFound": 1}
+            # kube-router enforces the offline policy: the canary from the first
+            # offline sandbox could not reach the apiserver's Service.
+            net = first.load_run()["network"]
+            assert net["network"] == "verified" and net["canary"] == "blocked", net
+            assert by["tiny-offline"]["conditions"]["network_check"] == "verified"
 
             # Resuming runs only what could not be scored.
             again: list[str] = []
