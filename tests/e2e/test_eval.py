@@ -152,7 +152,10 @@ async def test_eval_run_scores_exactly_retries_infrastructure_and_repeats(
     images: dict[str, str],
     tmp_path: Path,
 ) -> None:
-    kubectl(cluster, "apply", "-n", namespace, "-k", str(MANIFESTS / "sandbox-namespace"))
+    # The local ranges (pods, services; the node on the pod bridge): the shipped
+    # policies with the overlay a production namespace would apply.
+    local = MANIFESTS / "overlays" / "local" / "sandbox-namespace"
+    kubectl(cluster, "apply", "-n", namespace, "-k", str(local))
     spec_file = tmp_path / "calc10.yaml"
     spec_file.write_text(spec_text(images))
     spec = parse_spec(spec_file.read_bytes(), name="calc10", jsonl=False)
