@@ -36,6 +36,7 @@ from sandman.webhook.confinement import (
     sysctls,
     unconfined,
 )
+from sandman.webhook.integrity import capability_drop, daemon_dir, dedicated_nodes, pool_state
 from sandman.webhook.policy import RuleSet, Violation, profile_of
 from sandman.webhook.subject import Check, Subject
 
@@ -205,6 +206,7 @@ CHECKS: tuple[tuple[tuple[str, ...], Check], ...] = (
     (("registry",), _registry),
     (("privileged", "privilege-escalation"), privileged),
     (("capabilities",), capabilities),
+    (("capability-drop",), capability_drop),
     (("reset-capabilities",), _reset_capabilities),
     (("host-namespaces",), host_namespaces),
     (("host-ports",), host_ports),
@@ -215,6 +217,9 @@ CHECKS: tuple[tuple[tuple[str, ...], Check], ...] = (
     (("proc-mount",), proc_mount),
     (("sysctls",), sysctls),
     (("daemon-volume",), daemon_volumes),
+    (("daemon-dir",), daemon_dir),
+    (("dedicated-nodes",), dedicated_nodes),
+    (("pool-state",), pool_state),
     (("service-account-token",), _service_account_token),
     (("runtime-class",), _runtime_class),
     (("resources-max", "resources"), _resources_max),

@@ -74,10 +74,12 @@ def _hardened(c: dict[str, Any], keep: frozenset[str]) -> dict[str, Any] | None:
     sc = dict(c.get("securityContext") or {})
     caps = dict(sc.get("capabilities") or {})
     dropped = [str(d) for d in caps.get("drop") or []]
-    if sc.get("privileged") or "ALL" in {capability(d) for d in dropped}:
+    # A drop is read as containerd does ("CAP_" + upper case): CAP_ALL or
+    # CAP_NET_RAW there drop nothing, so only bare names count as dropped.
+    have = {d.upper() for d in dropped}
+    if sc.get("privileged") or "ALL" in have:
         return None  # privileged (a policy allowed it) or already dropping everything
     added = {capability(a) for a in caps.get("add") or []}
-    have = {capability(d) for d in dropped}
     more = sorted(ALL_CAPABILITIES - keep - added - have)
     if not more:
         return None

@@ -51,6 +51,7 @@ from sandman.contract import (
 from sandman.kube_async import escape_pointer
 from sandman.quantity import parse_quantity
 from sandman.webhook.hardening import capability_ops
+from sandman.webhook.integrity import daemon_dir_mounts, daemon_dir_violation
 from sandman.webhook.policy import Profile, RuleSet, profile_of
 from sandman.webhook.reinject import strip_injection
 from sandman.webhook.rewrite import (
@@ -318,6 +319,10 @@ def mutate(
     # (webhook/reinject.py); then every container loses the capabilities the
     # policy does not grant (webhook/hardening.py), before ops shift indices.
     pod = strip_injection(pod, m.patch)
+    # The user's own mounts, before ours exist: nothing over the daemon's tree.
+    for where in daemon_dir_mounts(pod.get("spec") or {}):
+        v = daemon_dir_violation(*where)
+        raise MutationError(f"sandman policy {rule.name!r}: {v.text()}", rule="daemon-dir")
     m.patch += capability_ops(pod, rule)
     ann = annotations(pod)
     spec = pod.get("spec") or {}

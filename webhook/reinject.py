@@ -78,12 +78,9 @@ def _ours_probe(probe: Any) -> bool:
 
 def _clean_container(c: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(c)
-    mounts = [
-        m
-        for m in out.get("volumeMounts") or []
-        if m.get("name") not in RESERVED_VOLUMES
-        and not str(m.get("mountPath", "")).startswith(DAEMON_DIR)
-    ]
+    # Only the daemon's volumes: a mount of the pod's own under DAEMON_DIR is
+    # the user's, and is refused (rule daemon-dir), never silently dropped.
+    mounts = [m for m in out.get("volumeMounts") or [] if m.get("name") not in RESERVED_VOLUMES]
     if "volumeMounts" in out:
         out["volumeMounts"] = mounts
     parsed = _daemon_argv(out)

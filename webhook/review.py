@@ -208,13 +208,18 @@ def _trusted(ctx: Context) -> dict[str, frozenset[str]]:
 
 
 def _apply_mode(violations: list[Violation], rule: RuleSet) -> Outcome:
+    """The rule set's mode decides, except for ``HARD_RULES``: those guard
+    other sandboxes and Sandman itself (webhook/integrity.py, the lease's
+    bound) and are denied in every mode."""
     if not violations:
         return Outcome(True, result="allowed", mode=rule.mode)
     ids = sorted({v.rule for v in violations})
-    if rule.mode == "enforce":
-        return Outcome(
-            False, message=_denial(violations, rule), result="denied", rule_ids=ids, mode=rule.mode
-        )
+    hard = sorted(HARD_RULES.intersection(ids))
+    if rule.mode == "enforce" or hard:
+        message = _denial(violations, rule)
+        if rule.mode != "enforce":
+            message += f" (denied in {rule.mode} mode too: {hard} hold in every mode)"
+        return Outcome(False, message=message, result="denied", rule_ids=ids, mode="enforce")
     if rule.mode == "warn":
         return Outcome(
             True,
@@ -243,15 +248,7 @@ def _validate_update(ctx: Context, r: Review, rule: RuleSet) -> Outcome:
     )
     if not violations:
         return Outcome(True, result="allowed")
-    if any(v.rule in HARD_RULES for v in violations):
-        # Contract breaches are denied in every mode; the rest follow it.
-        return Outcome(
-            False,
-            message=_denial(violations, rule),
-            result="denied",
-            rule_ids=sorted({v.rule for v in violations}),
-            mode="enforce",
-        )
+    # Contract breaches are denied in every mode; the rest follow it.
     return _apply_mode(violations, rule)
 
 

@@ -7,7 +7,13 @@ in-place resize (``pods/resize``). Two kinds of rules:
 - the contract (``HARD_RULES``), denied in every mode: a pod becomes a sandbox
   only at CREATE (through injection) and stays one; its identity, its
   profile and the markers the webhook wrote never change; its lease never
-  disappears, nor becomes unreadable (the reaper could not tell when it ends).
+  disappears, nor becomes unreadable (the reaper could not tell when it ends),
+  nor ends past creation + the policy's max TTL; it never becomes an idle
+  pool pod (exempt from its lease); and the integrity rules of
+  ``webhook/integrity.py`` hold for what it adds (a debug container drops the
+  capabilities the rule set does not grant, nothing is mounted over the
+  daemon's tree, no toleration reaches another profile's dedicated nodes).
+  The same set is denied in every mode at CREATE (``review._apply_mode``).
 - the policy: an update may not add a breach the pod did not already have.
   The whole pod is checked again (``checks.check``) and compared with the
   old one, so a pod admitted under an older, laxer policy can still be
@@ -32,6 +38,8 @@ from sandman.contract import (
     ANN_TOKEN_SHA256,
     LABEL_ID,
     LABEL_SANDBOX,
+    LABEL_STATE,
+    STATE_IDLE,
     ContractError,
     annotations,
     format_duration,
@@ -41,6 +49,7 @@ from sandman.contract import (
     parse_time,
 )
 from sandman.webhook.checks import check
+from sandman.webhook.integrity import controller_ref
 from sandman.webhook.policy import RuleSet, Violation
 
 HARD_RULES = frozenset(
@@ -52,6 +61,15 @@ HARD_RULES = frozenset(
         "lease-removed",
         "lease-format",
         "daemon-volume",
+        # The lease's bound: the kubelet's activeDeadlineSeconds is the same
+        # max TTL, so a later expires-at only misleads the reaper and users.
+        "lease-max",
+        "ttl-max",
+        # webhook/integrity.py
+        "capability-drop",
+        "daemon-dir",
+        "dedicated-nodes",
+        "pool-state",
     }
 )
 # Written by the webhook at CREATE; what the reaper and the token derive from.
@@ -131,6 +149,40 @@ def _lease(
         )
 
 
+def _pool_state(old: dict[str, Any], new: dict[str, Any]) -> Iterator[Violation]:
+    """Idle pool pods (state ``idle`` and a controller) are exempt from lease
+    and idleness (reaper/decide.py). A pool's pods are created so by its
+    ReplicaSet, and an UPDATE only ever takes them out (a claim: ``claimed``,
+    owner removed); so no UPDATE may make a pod one: neither the label nor,
+    on a pod already labelled idle, a new controller (an orphan stays one and
+    keeps the lease it got at creation)."""
+    if labels(new).get(LABEL_STATE) != STATE_IDLE:
+        return
+    fix = (
+        f"leave label {LABEL_STATE} as it is; to keep a sandbox longer, move "
+        f"{ANN_EXPIRES_AT} (up to creation + the policy's max TTL); for warm sandboxes, "
+        "create a pool (sandman pool create)"
+    )
+    if labels(old).get(LABEL_STATE) != STATE_IDLE:
+        yield Violation(
+            "pool-state",
+            f"label {LABEL_STATE}={STATE_IDLE} cannot be set on a running sandbox: it marks an "
+            "unclaimed warm-pool pod, exempt from its lease and idle timeout, and only a "
+            "pool's ReplicaSet creates pods with it",
+            fix,
+        )
+        return
+    ref = controller_ref(new)
+    if ref is not None and ref != controller_ref(old):
+        yield Violation(
+            "pool-state",
+            f"a pod labelled {LABEL_STATE}={STATE_IDLE} cannot get a new controller "
+            f"({ref.get('kind')} {ref.get('name')}): it would become an idle pool pod, exempt "
+            "from its lease",
+            fix,
+        )
+
+
 def _idle_removed(old: dict[str, Any], new: dict[str, Any], rule: RuleSet) -> Iterator[Violation]:
     cap = rule.max_idle_timeout
     removed = ANN_IDLE_TIMEOUT in annotations(old) and ANN_IDLE_TIMEOUT not in annotations(new)
@@ -167,6 +219,7 @@ def update_violations(
         return label  # not (or no longer) a sandbox: nothing else applies
     return [
         *_identity(old, new),
+        *_pool_state(old, new),
         *_lease(old, new, rule, now),
         *_idle_removed(old, new, rule),
         *_new_breaches(

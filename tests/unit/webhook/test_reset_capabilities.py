@@ -31,7 +31,12 @@ def pod(profile: str | None, caps: list[str]) -> dict[str, Any]:
         "spec": {
             "automountServiceAccountToken": False,
             "containers": [
-                {"name": "main", "image": "i", "securityContext": {"capabilities": {"add": caps}}}
+                {
+                    "name": "main",
+                    "image": "i",
+                    # NET_RAW dropped, as the mutating webhook leaves it.
+                    "securityContext": {"capabilities": {"add": caps, "drop": ["NET_RAW"]}},
+                }
             ],
         },
     }
