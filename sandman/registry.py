@@ -21,10 +21,21 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urljoin
 
 import aiohttp
 
+from sandman.guarded_dns import RefusedAddressError, guarded_connector
+from sandman.netguard import (
+    REDIRECT_STATUSES,
+    AddressRule,
+    RefusedAddress,
+    RegistryTimeout,
+    host_port,
+    realm_refusal,
+    redirect_refusal,
+    url_host_port,
+)
 from sandman.oci import (
     ACCEPT,
     DIGEST_RE,
@@ -64,8 +75,10 @@ __all__ = [
     "NoMatchingPlatform",
     "Platform",
     "Reference",
+    "RefusedAddress",
     "RegistryClient",
     "RegistryError",
+    "RegistryTimeout",
     "RegistryUnreachable",
     "ResolvedImage",
     "Unauthorized",
@@ -92,6 +105,12 @@ MAX_TOKENS = 1024
 # Per HTTP request when the caller sets no deadline of its own (the webhook
 # always does: its whole lookup has a budget).
 REQUEST_TIMEOUT_S = 10.0
+# aiohttp's default pool (100 connections, no per-host bound) lets one slow
+# registry hold every connection; 8 per host is more than one admission
+# burst needs (lookups of one image share one fetch) and leaves the rest of
+# the pool to other registries.
+POOL_LIMIT = 100
+POOL_LIMIT_PER_HOST = 8
 
 
 def _as_ref(ref: str | Reference) -> Reference:
@@ -120,7 +139,11 @@ class RegistryClient:
         request_timeout_s: float = REQUEST_TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
         user_agent: str = "sandman",
+        guard: AddressRule | None = None,
+        limit_per_host: int = POOL_LIMIT_PER_HOST,
     ) -> None:
+        if guard is not None and session is not None:
+            raise ValueError("a guarded client makes its own session (its connector checks)")
         self._session = session
         self._own_session = session is None
         self.insecure = frozenset(insecure)
@@ -133,6 +156,11 @@ class RegistryClient:
         self.user_agent = user_agent
         self._tokens: OrderedDict[tuple[str, str, str], tuple[str, float]] = OrderedDict()
         self.requests = 0  # HTTP requests made (tests and metrics)
+        # With a guard (the webhook, reading registries pod authors name):
+        # connections only where the rule allows, no redirect but a blob's,
+        # tokens only from the registry's own host or one listed for it.
+        self.guard = guard
+        self.limit_per_host = limit_per_host
 
     async def __aenter__(self) -> RegistryClient:
         return self
@@ -147,9 +175,22 @@ class RegistryClient:
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
-            self._session = aiohttp.ClientSession(headers={"User-Agent": self.user_agent})
+            connector = (
+                guarded_connector(self.guard, limit=POOL_LIMIT, limit_per_host=self.limit_per_host)
+                if self.guard is not None
+                else aiohttp.TCPConnector(limit=POOL_LIMIT, limit_per_host=self.limit_per_host)
+            )
+            self._session = aiohttp.ClientSession(
+                headers={"User-Agent": self.user_agent}, connector=connector
+            )
             self._own_session = True
         return self._session
+
+    def _hosts_of(self, ref: Reference) -> list[tuple[str, int]]:
+        """Where ``ref``'s registry answers: its own host and the endpoint it is reached at."""
+        base = url_host_port(self._base(ref))
+        named = host_port(ref.api_host, base[1] if base else 443)
+        return [named, base] if base is not None else [named]
 
     def _base(self, ref: Reference) -> str:
         if ref.domain in self.endpoints:
@@ -243,8 +284,8 @@ class RegistryClient:
             raise BadManifest(f"{r}: manifest {what} has content {digest} (digest mismatch)")
         try:
             doc = json.loads(body)
-        except ValueError:
-            raise BadManifest(f"{r}: the manifest is not JSON") from None
+        except (ValueError, RecursionError):
+            raise BadManifest(f"{r}: the manifest is not JSON (or nested too deep)") from None
         if not isinstance(doc, dict):
             raise BadManifest(f"{r}: the manifest is not a JSON object")
         # OCI manifests may omit mediaType; the Content-Type then says it.
@@ -317,11 +358,44 @@ class RegistryClient:
     async def _send(
         self, method: str, url: str, headers: dict[str, str], limit: int
     ) -> tuple[int, dict[str, str], bytes]:
+        """One request to a registry, following only the redirects the client allows."""
+        first, hops = url, 0
+        while True:
+            status, resp_headers, body = await self._exchange(method, url, headers, None, limit)
+            if status not in REDIRECT_STATUSES or "location" not in resp_headers:
+                return status, resp_headers, body
+            target = urljoin(url, resp_headers["location"])
+            why = redirect_refusal(method, first, target, hops, strict=self.guard is not None)
+            if why is not None:
+                raise RefusedAddress(f"{url_host_port(url)}: {why}")
+            if url_host_port(target) != url_host_port(url):
+                # credentials are for the registry, never for its storage
+                headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
+            url, hops = target, hops + 1
+
+    def _checked(self, url: str) -> str:
+        """``url``'s host:port for messages, after the guard's check of an IP
+        literal (aiohttp resolves no IP literal, so the resolver never sees it)."""
+        where = url_host_port(url)
+        if where is None:
+            raise RefusedAddress(f"not an http(s) URL: {url[:100]}")
+        if self.guard is not None:
+            why = self.guard.refusal(where[0], where[1], where[0])
+            if why is not None and why != "not an IP address":
+                raise RefusedAddress(f"{where[0]}:{where[1]}: refused address ({why})")
+        return f"{where[0]}:{where[1]}"
+
+    async def _exchange(
+        self, method: str, url: str, headers: dict[str, str], data: str | None, limit: int
+    ) -> tuple[int, dict[str, str], bytes]:
+        """One HTTP exchange, no redirects followed, the body read up to ``limit``."""
+        host = self._checked(url)
         self.requests += 1
         timeout = aiohttp.ClientTimeout(total=self.request_timeout_s)
-        host = url.split("/")[2]
         try:
-            async with self._http().request(method, url, headers=headers, timeout=timeout) as resp:
+            async with self._http().request(
+                method, url, headers=headers, data=data, timeout=timeout, allow_redirects=False
+            ) as resp:
                 length = resp.content_length
                 if length is not None and length > limit:
                     raise BadManifest(
@@ -334,9 +408,13 @@ class RegistryClient:
                         raise BadManifest(f"{host}: an answer over the {limit}-byte cap")
                 return resp.status, {k.lower(): v for k, v in resp.headers.items()}, bytes(body)
         except TimeoutError:
-            raise RegistryUnreachable(
+            raise RegistryTimeout(
                 f"{host} did not answer within {self.request_timeout_s:g}s"
             ) from None
+        except aiohttp.ClientConnectorError as e:
+            if isinstance(e.os_error, RefusedAddressError):
+                raise RefusedAddress(str(e.os_error)) from None
+            raise RegistryUnreachable(f"{host} unreachable: {e}") from None
         except aiohttp.ClientError as e:
             raise RegistryUnreachable(f"{host} unreachable: {e}") from None
 
@@ -364,6 +442,10 @@ class RegistryClient:
         realm_host = realm.split("/")[2] if "://" in realm else ""
         if not realm.startswith(("https://", "http://")):
             raise BadManifest(f"{r.domain}: bad token realm {realm!r}")
+        if self.guard is not None:
+            why = realm_refusal(realm, self._hosts_of(r), self.guard, r.api_host)
+            if why is not None:
+                raise RefusedAddress(f"{r.domain}: {why}")
         if (
             cred is not None
             and realm.startswith("http://")
@@ -390,18 +472,8 @@ class RegistryClient:
         elif cred is not None and cred.basic():
             headers["Authorization"] = cred.basic() or ""
         url = realm if method == "POST" else f"{realm}?{urlencode(query)}"
-        self.requests += 1
-        timeout = aiohttp.ClientTimeout(total=self.request_timeout_s)
-        try:
-            async with self._http().request(
-                method, url, headers=headers, data=data, timeout=timeout
-            ) as resp:
-                body = await resp.content.read(MAX_MANIFEST_BYTES)
-                status = resp.status
-        except TimeoutError:
-            raise RegistryUnreachable(f"token service {realm} did not answer in time") from None
-        except aiohttp.ClientError as e:
-            raise RegistryUnreachable(f"token service {realm} unreachable: {e}") from None
+        # No redirect: a token service answers where the registry said.
+        status, _h, body = await self._exchange(method, url, headers, data, MAX_MANIFEST_BYTES)
         if status in (401, 403):
             raise Unauthorized(_needs_login(r, cred))
         if status >= 500 or status == 429:
@@ -410,7 +482,7 @@ class RegistryClient:
             doc = json.loads(body)
             token = str(doc.get("token") or doc.get("access_token") or "")
             expires_in = float(doc.get("expires_in") or DEFAULT_TOKEN_S)
-        except (ValueError, AttributeError, TypeError):
+        except (ValueError, AttributeError, TypeError, RecursionError):
             raise BadManifest(f"token service {realm}: not a token response") from None
         if status != 200 or not token:
             raise Unauthorized(f"{r.domain}: token service answered HTTP {status} without a token")

@@ -36,6 +36,15 @@ class FakeRegistry:
     hits: dict[str, int] = field(default_factory=dict)
     tokens_issued: int = 0
     head_digest: bool = True  # send Docker-Content-Digest on HEAD
+    # Hostile or unusual registries: where to redirect manifest or blob GETs
+    # (a base URL the path is appended to), the token realm to name, and a
+    # fixed answer (status, body) for every manifest request.
+    manifest_redirect: str = ""
+    blob_redirect: str = ""
+    realm: str = ""
+    manifest_answer: tuple[int, bytes] | None = None
+    token_answer: bytes = b""
+    bind: str = "127.0.0.1"
     server: TestServer | None = None
 
     # -- content ---------------------------------------------------------------
@@ -78,14 +87,14 @@ class FakeRegistry:
     @property
     def host(self) -> str:
         assert self.server is not None
-        return f"127.0.0.1:{self.server.port}"
+        return f"{self.bind}:{self.server.port}"
 
     async def __aenter__(self) -> FakeRegistry:
         app = web.Application()
         app.router.add_route("*", "/v2/{repo:.+}/manifests/{ref}", self._manifest)
         app.router.add_get("/v2/{repo:.+}/blobs/{digest}", self._blob)
         app.router.add_get("/token", self._token)
-        self.server = TestServer(app, host="127.0.0.1")
+        self.server = TestServer(app, host=self.bind)
         await self.server.start_server()
         return self
 
@@ -108,13 +117,14 @@ class FakeRegistry:
         if got == f"Bearer tok-{self.tokens_issued}" and self.tokens_issued:
             return None
         repo = request.match_info["repo"]
-        challenge = (
-            f'Bearer realm="http://{self.host}/token",service="fake",scope="repository:{repo}:pull"'
-        )
+        realm = self.realm or f"http://{self.host}/token"
+        challenge = f'Bearer realm="{realm}",service="fake",scope="repository:{repo}:pull"'
         return web.Response(status=401, headers={"WWW-Authenticate": challenge})
 
     async def _token(self, request: web.Request) -> web.Response:
         self._count("token")
+        if self.token_answer:
+            return web.Response(body=self.token_answer, content_type="application/json")
         want = "Basic " + base64.b64encode(f"{self.user}:{self.password}".encode()).decode()
         if request.headers.get("Authorization") != want:
             return web.Response(status=401)
@@ -129,6 +139,10 @@ class FakeRegistry:
         denied = self._authorized(request)
         if denied is not None:
             return denied
+        if self.manifest_answer is not None:
+            return web.Response(status=self.manifest_answer[0], body=self.manifest_answer[1])
+        if self.manifest_redirect:
+            raise web.HTTPFound(self.manifest_redirect + request.path)
         hit = self.manifests.get((request.match_info["repo"], request.match_info["ref"]))
         if hit is None:
             return web.json_response({"errors": [{"code": "MANIFEST_UNKNOWN"}]}, status=404)
@@ -147,6 +161,8 @@ class FakeRegistry:
         denied = self._authorized(request)
         if denied is not None:
             return denied
+        if self.blob_redirect:
+            raise web.HTTPTemporaryRedirect(self.blob_redirect + request.path)
         body = self.blobs.get(request.match_info["digest"])
         if body is None:
             return web.Response(status=404)
