@@ -8,8 +8,14 @@ entrypoints the same way). This module does the I/O around the pure cache:
   webhook's 5 s ``timeoutSeconds``): an answer not in by then is a failure
   the mutation turns into a denial (enforce) or a warning, never a guess;
 - **one fetch per image and login**, shared by every admission waiting for
-  it, and left running when one admission's budget ends, so that the
-  controller's retry finds the answer in the cache;
+  it, and left running when one admission's budget ends (for
+  ``BACKGROUND_GRACE_S`` more), so that the controller's retry finds the
+  answer in the cache;
+- **bounds**: lookups in flight per registry host, per namespace and in
+  total, and a rest for a host that did not answer (``lookup_limits``), so
+  that one namespace's lookups cannot starve another's;
+- **no read-back**: a pod is told a fixed reason (``lookup_rules``); what
+  the registry said is logged here only;
 - the pod's **imagePullSecrets** (the ServiceAccount admission plugin has
   already copied the ServiceAccount's into the pod when it named none), read
   only with ``--read-pull-secrets`` (it needs ``get`` on Secrets).
@@ -26,10 +32,12 @@ from typing import Any
 import aiohttp
 
 from sandman.kube_async import SECRETS, ApiError, KubeClient
-from sandman.oci import Reference, RegistryError
+from sandman.oci import Reference, RegistryError, ResolvedImage
 from sandman.registry import RegistryClient
 from sandman.registry_auth import AuthConfigError, Keychain
 from sandman.webhook.imagecache import ImageConfigCache
+from sandman.webhook.lookup_limits import HOST_REST_S, HostFailures, InFlight, Limits
+from sandman.webhook.lookup_rules import HOST_FAILURE_REASONS, failure_message, failure_reason
 from sandman.webhook.rewrite import ImageFacts
 
 log = logging.getLogger("sandman.webhook")
@@ -38,6 +46,11 @@ log = logging.getLogger("sandman.webhook")
 # sequential requests (token, index, manifest, config; ~100-300 ms each), and
 # the remaining 2 s cover the apiserver's hop and queueing under a burst.
 LOOKUP_BUDGET_S = 3.0
+# A fetch still running when its admission's budget ends goes on for 2 s
+# more, so that the controller's retry (typically within a second or two)
+# finds the answer cached; longer would let a registry that never answers
+# hold a connection and an in-flight slot per tag for 10 s per request.
+BACKGROUND_GRACE_S = 2.0
 # Pull secrets change rarely; 30 s keeps a burst of pods to one GET per
 # secret while a rotated secret is used half a minute later.
 SECRET_TTL_S = 30.0
@@ -92,7 +105,14 @@ class PullSecrets:
 
 
 class ImageConfigResolver:
-    """Looks up image configs for admission. Event-loop only; ``close()`` when done."""
+    """Looks up image configs for admission. Event-loop only; ``close()`` when done.
+
+    Bounded so that one namespace's lookups cannot starve another's: lookups
+    in flight are counted per registry host, per namespace and in total
+    (``InFlight``; over a bound a lookup fails at once), a fetch left running
+    past its admission's budget gets ``grace_s`` more and is then cancelled,
+    and a host that timed out or could not be reached rests (``HostFailures``).
+    What a registry answered is logged here; pods see only a fixed reason."""
 
     def __init__(
         self,
@@ -101,19 +121,25 @@ class ImageConfigResolver:
         *,
         secrets: PullSecrets | None = None,
         budget_s: float = LOOKUP_BUDGET_S,
+        grace_s: float = BACKGROUND_GRACE_S,
+        limits: Limits | None = None,
+        host_rest_s: float = HOST_REST_S,
         on_result: Callable[[str, float], None] | None = None,
     ) -> None:
         self.registry = registry
         self.cache = cache
         self.secrets = secrets
         self.budget_s = budget_s
+        self.grace_s = grace_s
         self.on_result = on_result or (lambda _result, _seconds: None)
-        self._inflight: dict[tuple[str, str], asyncio.Task[ImageFacts]] = {}
+        self.inflight = InFlight(limits or Limits())
+        self.host_failures = HostFailures(cache.clock, host_rest_s)
+        self._fetches: dict[tuple[str, str], asyncio.Task[ImageFacts]] = {}
 
     async def close(self) -> None:
-        for t in list(self._inflight.values()):
+        for t in list(self._fetches.values()):
             t.cancel()
-        await asyncio.gather(*self._inflight.values(), return_exceptions=True)
+        await asyncio.gather(*self._fetches.values(), return_exceptions=True)
         await self.registry.close()
 
     async def lookup(self, image: str, namespace: str, pull_secrets: Sequence[str]) -> ImageFacts:
@@ -122,13 +148,18 @@ class ImageConfigResolver:
             async with asyncio.timeout(self.budget_s):
                 facts, result = await self._lookup(image, namespace, pull_secrets)
         except TimeoutError:
-            why = f"no answer from its registry within {self.budget_s:g}s"
-            facts, result = ImageFacts(image, error=why), "timeout"
+            facts, result = (
+                ImageFacts(image, error=f"no answer within {self.budget_s:g}s"),
+                "timeout",
+            )
             try:
                 ref = Reference.parse(image)
             except RegistryError:
                 pass
             else:
+                why = failure_message(
+                    ref.domain, f"timed out (no answer within {self.budget_s:g}s)"
+                )
                 # the login is unknown here; only an anonymous entry may be reused
                 facts = self._stale_or(image, ref, "anonymous", why, True)
         self.on_result(result, time.monotonic() - t0)
@@ -140,6 +171,7 @@ class ImageConfigResolver:
         try:
             ref = Reference.parse(image)
         except RegistryError as e:
+            # the pod's own text, not a registry's: safe to say back
             return ImageFacts(image, error=str(e)), "error"
         keychain = Keychain()
         if self.secrets is not None and pull_secrets:
@@ -153,11 +185,24 @@ class ImageConfigResolver:
         if failed is not None:
             return self._stale_or(image, ref, cred, *failed), "error"
         key = (str(ref), cred)
-        task = self._inflight.get(key)
+        task = self._fetches.get(key)
         if task is None:
+            resting = self.host_failures.resting(ref.domain)
+            if resting is not None:
+                why = failure_message(ref.domain, f"{resting} (a moment ago; not asked again yet)")
+                return self._stale_or(image, ref, cred, why, True), "error"
+            busy = self.inflight.start(ref.domain, namespace)
+            if busy is not None:
+                why = failure_message(ref.domain, f"busy ({busy}); retry in a few seconds")
+                return self._stale_or(image, ref, cred, why, True), "error"
             task = asyncio.ensure_future(self._fetch(image, ref, keychain, cred))
-            self._inflight[key] = task
-            task.add_done_callback(lambda _t: self._inflight.pop(key, None))
+            self._fetches[key] = task
+
+            def done(_t: asyncio.Task[ImageFacts], host: str = ref.domain) -> None:
+                self._fetches.pop(key, None)
+                self.inflight.end(host, namespace)
+
+            task.add_done_callback(done)
         # shield: one admission running out of budget must not cancel the
         # fetch the others (and the retry) are waiting for.
         facts = await asyncio.shield(task)
@@ -165,20 +210,37 @@ class ImageConfigResolver:
 
     async def _fetch(self, image: str, ref: Reference, keychain: Keychain, cred: str) -> ImageFacts:
         try:
-            if self.cache.stale_digest(ref, cred) is not None:
-                # A tag resolved before: one HEAD tells whether it moved, and
-                # the config of an unmoved tag is still in the cache.
-                digest = await self.registry.resolve_digest(ref, keychain=keychain)
-                cfg = self.cache.config_for(ref, digest, cred)
-                if cfg is not None:
-                    self.cache.remember_digest(ref, cred, digest)
-                    return ImageFacts(image, cfg, digest=digest)
-            got = await self.registry.image_config(ref, keychain=keychain)
-        except RegistryError as e:
-            self.cache.remember_failure(ref, cred, str(e), e.retryable)
-            return self._stale_or(image, ref, cred, str(e), e.retryable)
+            # The admission's budget, plus a little for the retry to find the
+            # answer in the cache; then the slot is given back.
+            async with asyncio.timeout(self.budget_s + self.grace_s):
+                got = await self._read(ref, keychain, cred)
+        except (RegistryError, TimeoutError, RecursionError) as e:
+            reason = failure_reason(e)
+            log.info("image config lookup of %s failed (%s): %s", ref, reason, e)
+            if reason in HOST_FAILURE_REASONS:
+                self.host_failures.failed(ref.domain, reason)
+            retryable = isinstance(e, TimeoutError) or getattr(e, "retryable", False)
+            why = failure_message(ref.domain, reason)
+            self.cache.remember_failure(ref, cred, why, retryable)
+            return self._stale_or(image, ref, cred, why, retryable)
+        if isinstance(got, str):
+            cfg = self.cache.config_for(ref, got, cred)
+            assert cfg is not None
+            return ImageFacts(image, cfg, digest=got)
         self.cache.remember(ref, cred, got.digest, got.config)
         return ImageFacts(image, got.config, digest=got.digest)
+
+    async def _read(self, ref: Reference, keychain: Keychain, cred: str) -> ResolvedImage | str:
+        """The image's config from the registry, or the digest of an unmoved tag
+        whose config the cache holds."""
+        if self.cache.stale_digest(ref, cred) is not None:
+            # A tag resolved before: one HEAD tells whether it moved, and
+            # the config of an unmoved tag is still in the cache.
+            digest = await self.registry.resolve_digest(ref, keychain=keychain)
+            if self.cache.config_for(ref, digest, cred) is not None:
+                self.cache.remember_digest(ref, cred, digest)
+                return digest
+        return await self.registry.image_config(ref, keychain=keychain)
 
     def _stale_or(
         self, image: str, ref: Reference, cred: str, error: str, retryable: bool

@@ -8,6 +8,7 @@ the server's event loop, within the admission's time budget.
 
 from __future__ import annotations
 
+import ipaddress
 import time
 from collections.abc import Callable
 from typing import Any
@@ -15,11 +16,14 @@ from typing import Any
 from sandman.clock import utc_now
 from sandman.contract import is_sandbox
 from sandman.kube_async import KubeClient
+from sandman.netguard import KNOWN_TOKEN_HOSTS, AddressRule, host_port, url_host_port
+from sandman.oci import Reference, RegistryError
 from sandman.registry import RegistryClient
 from sandman.webhook.checks import registry_allowed
 from sandman.webhook.config import WebhookConfig
 from sandman.webhook.imagecache import ImageConfigCache
 from sandman.webhook.imageconfig import ImageConfigResolver, PullSecrets, pull_secret_names
+from sandman.webhook.lookup_rules import lookup_registry, not_named_message
 from sandman.webhook.policy import RuleSet
 from sandman.webhook.reinject import strip_injection
 from sandman.webhook.review import PROTECTED_NAMESPACES, Review
@@ -50,6 +54,7 @@ class AdmissionLookups:
                     insecure=config.insecure_registries,
                     endpoints=dict(config.registry_endpoints),
                     user_agent="sandman-webhook",
+                    guard=address_rule(config),
                 ),
                 ImageConfigCache(time.monotonic),
                 secrets=PullSecrets(client, time.monotonic) if config.read_pull_secrets else None,
@@ -80,11 +85,12 @@ class AdmissionLookups:
         """Facts for the mutation: None when lookups are off, else the images it needs.
 
         The pod is read as mutate() will see it (a copied injection taken out).
-        An image whose registry ``rule`` refuses in enforce mode is not looked
-        up: the registry rule denies the pod anyway, and the image's host is
-        the pod author's choice, so a lookup there would make the webhook
-        connect wherever a pod author says (and its denial would hide the
-        registry rule's)."""
+        The image's host is the pod author's choice, so it is looked up only
+        when ``rule`` names its registry for lookups (``lookup_registry``), in
+        every mode; any other image gets an error that says so, which the
+        mutation treats as a failed lookup. An image whose registry ``rule``
+        refuses in enforce mode gets nothing: the registry rule denies the
+        pod, and a second denial would hide it."""
         if self.images is None:
             return None
         if not self._admissible_sandbox(r):
@@ -94,6 +100,12 @@ class AdmissionLookups:
             return {}
         if rule.mode == "enforce" and not registry_allowed(image, rule.allowed_registries):
             return {}
+        if lookup_registry(image, rule.allowed_registries) is None:
+            try:
+                registry = Reference.parse(image).domain
+            except RegistryError as e:
+                return {image: ImageFacts(image, error=str(e))}
+            return {image: ImageFacts(image, error=not_named_message(registry, rule.name))}
         facts = await self.images.lookup(image, r.namespace, pull_secret_names(r.obj))
         return {image: facts}
 
@@ -107,3 +119,23 @@ class AdmissionLookups:
         name = spec.get("schedulerName") or DEFAULT_SCHEDULER
         problem = await self.schedulers.problem(name)
         return (name, problem) if problem else None
+
+
+def address_rule(config: WebhookConfig) -> AddressRule:
+    """Where the webhook's registry client may connect: public addresses, plus
+    the endpoints and hosts the admin listed (``--registry-endpoint`` targets,
+    ``--lookup-allow-address``), never the cluster's networks unless listed."""
+    listed = {host_port(h, 443) for h in config.lookup_allow_addresses}
+    for _registry, url in config.registry_endpoints:
+        where = url_host_port(url)
+        if where is not None:
+            listed.add(where)
+    tokens: dict[str, tuple[str, ...]] = dict(KNOWN_TOKEN_HOSTS)
+    for registry, host in config.registry_token_hosts:
+        api = Reference.parse(f"{registry}/x").api_host
+        tokens[api] = (*tokens.get(api, ()), host)
+    return AddressRule(
+        listed=frozenset(listed),
+        cluster=tuple(ipaddress.ip_network(c) for c in config.cluster_cidrs),
+        token_hosts=tokens,
+    )

@@ -6,11 +6,13 @@ import asyncio
 import base64
 
 from sandman.contract import ANN_INJECTED, LABEL_SANDBOX
+from sandman.harness.testing import free_port
 from sandman.oci import ImageConfig, Reference
 from sandman.registry import Keychain, RegistryClient
+from sandman.webhook.config import WebhookConfig
 from sandman.webhook.imagecache import ImageConfigCache
 from sandman.webhook.imageconfig import ImageConfigResolver, pull_secret_names
-from sandman.webhook.lookups import AdmissionLookups
+from sandman.webhook.lookups import AdmissionLookups, address_rule
 from sandman.webhook.policy import RuleSet, parse_policy
 from sandman.webhook.review import Review, parse_review
 from tests.unit.registry.fake import FakeRegistry
@@ -111,7 +113,7 @@ async def test_unreachable_and_missing_images_are_errors_remembered_briefly() ->
         clock = Clock()
         res = ImageConfigResolver(RegistryClient(), ImageConfigCache(clock, failure_ttl_s=5))
         missing = await res.lookup(f"{reg.host}/nope:1", "ns", [])
-        assert "no such image" in missing.error
+        assert missing.error == f"image config lookup failed for {reg.host}: not found"
         await res.lookup(f"{reg.host}/nope:1", "ns", [])
         assert reg.hits["manifest-GET"] == 1  # the retry within 5 s is answered at once
         bad = await res.lookup("Not A Ref", "ns", [])
@@ -141,7 +143,7 @@ async def test_credentials_decide_the_cache_entry() -> None:
         assert ok.config is not None and ok.config.cmd == ("private",)
         # a pod without the secret is not answered from the entry the secret filled
         denied = await res.lookup(image, "other", [])
-        assert denied.config is None and "requires credentials" in denied.error
+        assert denied.config is None and ": unauthorized" in denied.error
         await res.close()
 
 
@@ -159,7 +161,7 @@ async def test_a_registry_down_after_the_ttl_falls_back_to_the_last_config_with_
         del reg.manifests[("gone", "1")]
         clock.t += 30
         gone = await res.lookup(f"{host}/gone:1", "ns", [])
-        assert gone.config is None and "no such image" in gone.error
+        assert gone.config is None and gone.error.endswith(": not found")
     # the registry is down now: nodes that cached the image still run it, so
     # the last config the tag named is used, and the note says so
     down = await res.lookup(f"{host}/app:1", "ns", [])
@@ -200,22 +202,32 @@ def _rule(mode: str, registries: list[str]) -> RuleSet:
     return parse_policy(doc).select({})
 
 
-async def test_no_lookup_where_an_enforced_policy_refuses_the_registry() -> None:
-    """The image's host is the pod author's choice: the webhook asks only hosts the
-    policy lets pods pull from (the pod is denied by the registry rule anyway),
-    so admission is no way to make the webhook connect anywhere else."""
+async def test_lookups_only_of_registries_the_rule_names_in_every_mode() -> None:
+    """The image's host is the pod author's choice: the webhook asks only hosts
+    the governing rule names with the host spelled out. ``*`` and host globs let
+    pods pull; they never make the webhook connect, in enforce, warn or audit."""
     async with FakeRegistry() as reg:
         reg.add_image("app", "1", {"Cmd": ["c"]})
         res = ImageConfigResolver(RegistryClient(), ImageConfigCache(Clock()))
         lookups = AdmissionLookups(res, None)
-        r = _sandbox_review(f"{reg.host}/app:1")
+        image = f"{reg.host}/app:1"
+        r = _sandbox_review(image)
+        # enforce refuses the registry: the registry rule denies, nothing is asked
         assert await lookups.images_for(r, _rule("enforce", ["registry.example/*"])) == {}
-        assert reg.hits.get("manifest-GET", 0) == 0
-        # warn and audit admit the pod: its ENTRYPOINT must then be known
-        warned = await lookups.images_for(r, _rule("warn", ["registry.example/*"]))
-        assert warned is not None and warned[f"{reg.host}/app:1"].config is not None
-        allowed = await lookups.images_for(r, _rule("enforce", [f"{reg.host}/*"]))
-        assert allowed is not None and allowed[f"{reg.host}/app:1"].config is not None
+        for mode in ("enforce", "warn", "audit"):
+            for patterns in (["*"], ["127.0.0.*/*"], ["registry.example/*"]):
+                if mode == "enforce" and patterns == ["registry.example/*"]:
+                    continue
+                # (the policy parser refuses host globs; a RuleSet may still hold one)
+                rule = RuleSet(name="r", mode=mode, allowed_registries=tuple(patterns))
+                got = await lookups.images_for(r, rule)
+                assert got is not None and got[image].config is None, (mode, patterns)
+                assert got[image].error.startswith(f"image config lookup skipped for {reg.host}")
+                assert "name it there, or set `command`" in got[image].error
+        assert reg.hits.get("manifest-GET", 0) == 0  # not one connection
+        for mode in ("enforce", "warn", "audit"):
+            named = await lookups.images_for(r, _rule(mode, [f"{reg.host}/*"]))
+            assert named is not None and named[image].config is not None
         await lookups.close()
 
 
@@ -232,3 +244,114 @@ async def test_a_copied_sandbox_without_a_command_is_looked_up_as_it_will_run() 
         got = await lookups.images_for(r, _rule("enforce", [f"{reg.host}/*"]))
         assert got is not None and got[image].config is not None
         await lookups.close()
+
+
+async def test_a_pod_author_never_reads_a_registry_answer_back() -> None:
+    """A lookup must not be a way to read a host: what reaches the pod (warning,
+    denial, Event) is a fixed reason, never a body or a socket error."""
+    secret = b'{"AccessKeyId": "ASIA-SECRET", "instance-id": "i-0123"}'
+    async with FakeRegistry(manifest_answer=(400, secret)) as reg:
+        res = ImageConfigResolver(RegistryClient(), ImageConfigCache(Clock()))
+        got = await res.lookup(f"{reg.host}/app:1", "ns", [])
+        assert got.error == f"image config lookup failed for {reg.host}: bad response"
+        reg.manifest_answer = (503, secret)
+        other = await res.lookup(f"{reg.host}/app:2", "ns", [])
+        assert other.error == f"image config lookup failed for {reg.host}: unreachable"
+        await res.close()
+    closed = f"127.0.0.1:{free_port()}"  # nobody listens: a port scan's "closed"
+    res = ImageConfigResolver(RegistryClient(), ImageConfigCache(Clock()))
+    refused = await res.lookup(f"{closed}/app:1", "ns", [])
+    assert refused.error == f"image config lookup failed for {closed}: unreachable"
+    await res.close()
+
+
+class Tarpit:
+    """Accepts TCP connections on 127.0.0.2 and never answers (a registry that hangs)."""
+
+    def __init__(self, want: int) -> None:
+        self.accepted = 0
+        self.want = want
+        self.enough = asyncio.Event()
+        self._held: list[asyncio.StreamWriter] = []
+
+    async def _serve(self, _r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        self._held.append(w)
+        if self.accepted >= self.want:
+            self.enough.set()
+
+    async def __aenter__(self) -> Tarpit:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.2", 0)
+        self.host = f"127.0.0.2:{self.server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for w in self._held:
+            w.close()
+        self.server.close()
+
+
+async def test_a_tarpit_registry_in_one_namespace_does_not_starve_another() -> None:
+    """120 unique tags on a registry that accepts and never answers, from
+    namespace A, used to take all 100 pooled connections for 10 s each; an
+    uncached lookup in namespace B then waited for a connection past its
+    budget. Now A holds at most 8 (the per-host bound) and B is answered."""
+    async with Tarpit(want=8) as tarpit, FakeRegistry() as reg:
+        reg.add_image("app", "1", {"Cmd": ["b"]})
+        res = ImageConfigResolver(RegistryClient(), ImageConfigCache(Clock()), budget_s=1.0)
+        flood = [
+            asyncio.ensure_future(res.lookup(f"{tarpit.host}/t:{i}", "team-a", []))
+            for i in range(120)
+        ]
+        async with asyncio.timeout(5):
+            await tarpit.enough.wait()  # A's lookups hold the tarpit's connections now
+        b = await res.lookup(f"{reg.host}/app:1", "team-b", [])
+        assert b.error == "" and b.config is not None and b.config.cmd == ("b",)
+        got = await asyncio.gather(*flood)
+        busy = [f for f in got if "busy (8 lookups already running for this registry)" in f.error]
+        timed_out = [f for f in got if ": timed out" in f.error]
+        assert len(timed_out) == 8 and len(busy) == 112, {f.error for f in got}
+        await res.close()
+
+
+async def test_a_host_that_timed_out_rests_and_a_late_fetch_is_bounded() -> None:
+    async with Tarpit(want=1) as tarpit:
+        clock = Clock()
+        res = ImageConfigResolver(
+            RegistryClient(), ImageConfigCache(clock), budget_s=0.2, grace_s=0.3, host_rest_s=5
+        )
+        first = await res.lookup(f"{tarpit.host}/t:1", "ns", [])
+        assert first.error.endswith("timed out (no answer within 0.2s)")
+        # the fetch goes on for the retry, but only 0.3 s more: then the slot is free
+        async with asyncio.timeout(2):
+            while res.inflight.counts.total:
+                await asyncio.sleep(0.05)
+        # the host rests: another tag there fails at once, without a connection
+        before = tarpit.accepted
+        second = await res.lookup(f"{tarpit.host}/t:2", "ns", [])
+        assert "timed out (a moment ago; not asked again yet)" in second.error
+        assert tarpit.accepted == before
+        clock.t += 5  # rested: asked again
+        third = asyncio.ensure_future(res.lookup(f"{tarpit.host}/t:3", "ns", []))
+        async with asyncio.timeout(2):
+            while tarpit.accepted == before:
+                await asyncio.sleep(0.02)
+        await third
+        await res.close()
+
+
+def test_the_webhooks_address_rule_comes_from_its_flags() -> None:
+    config = WebhookConfig(
+        registry_endpoints=(("127.0.0.1:5000", "http://10.244.0.1:5000"),),
+        lookup_allow_addresses=("registry.internal:5000",),
+        cluster_cidrs=("10.96.0.0/12",),
+        registry_token_hosts=(("gitlab.example:5050", "gitlab.example"),),
+    )
+    rule = address_rule(config)
+    # the local harness's endpoint is reached; the same node's kubelet port is not
+    assert rule.refusal("10.244.0.1", 5000, "10.244.0.1") is None
+    assert rule.refusal("10.244.0.1", 10250, "10.244.0.1") == "private"
+    assert rule.refusal("registry.internal", 5000, "10.1.2.3") is None
+    assert rule.refusal("kubernetes.default", 443, "10.96.0.1") == "cluster network"
+    assert rule.token_hosts["gitlab.example:5050"] == ("gitlab.example",)
+    assert rule.token_hosts["registry-1.docker.io"] == ("auth.docker.io",)
