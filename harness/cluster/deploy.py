@@ -146,6 +146,10 @@ class LocalDeployment:
             # ENTRYPOINT/CMD to read (and 127.0.0.1:5000 may be another
             # cluster's registry).
             argv.append("--image-config-lookup=off")
+        else:
+            # The local registry is on loopback, which lookups never reach
+            # unless listed (sandman/netguard.py).
+            argv.append(f"--lookup-allow-address={self.config.real_node.registry}")
         procs = [ManagedProcess("sandman-webhook", tuple(argv), self.layout.run, self.layout.logs)]
         procs.append(
             ManagedProcess(
