@@ -167,3 +167,30 @@ class FakeRegistry:
         if body is None:
             return web.Response(status=404)
         return web.Response(body=body, content_type="application/octet-stream")
+
+
+class Tarpit:
+    """Accepts TCP connections on 127.0.0.2 and never answers: a registry that
+    hangs. ``enough`` is set once ``want`` connections are held."""
+
+    def __init__(self, want: int = 8) -> None:
+        self.accepted = 0
+        self.want = want
+        self.enough = asyncio.Event()
+        self._held: list[asyncio.StreamWriter] = []
+
+    async def _serve(self, _r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        self._held.append(w)
+        if self.accepted >= self.want:
+            self.enough.set()
+
+    async def __aenter__(self) -> Tarpit:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.2", 0)
+        self.host = f"127.0.0.2:{self.server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for w in self._held:
+            w.close()
+        self.server.close()

@@ -15,7 +15,7 @@ from sandman.webhook.imageconfig import ImageConfigResolver, pull_secret_names
 from sandman.webhook.lookups import AdmissionLookups, address_rule
 from sandman.webhook.policy import RuleSet, parse_policy
 from sandman.webhook.review import Review, parse_review
-from tests.unit.registry.fake import FakeRegistry
+from tests.unit.registry.fake import FakeRegistry, Tarpit
 
 CFG = ImageConfig(entrypoint=("/e",), cmd=("c",))
 D1, D2 = "sha256:" + "1" * 64, "sha256:" + "2" * 64
@@ -263,32 +263,6 @@ async def test_a_pod_author_never_reads_a_registry_answer_back() -> None:
     refused = await res.lookup(f"{closed}/app:1", "ns", [])
     assert refused.error == f"image config lookup failed for {closed}: unreachable"
     await res.close()
-
-
-class Tarpit:
-    """Accepts TCP connections on 127.0.0.2 and never answers (a registry that hangs)."""
-
-    def __init__(self, want: int) -> None:
-        self.accepted = 0
-        self.want = want
-        self.enough = asyncio.Event()
-        self._held: list[asyncio.StreamWriter] = []
-
-    async def _serve(self, _r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        self.accepted += 1
-        self._held.append(w)
-        if self.accepted >= self.want:
-            self.enough.set()
-
-    async def __aenter__(self) -> Tarpit:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.2", 0)
-        self.host = f"127.0.0.2:{self.server.sockets[0].getsockname()[1]}"
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        for w in self._held:
-            w.close()
-        self.server.close()
 
 
 async def test_a_tarpit_registry_in_one_namespace_does_not_starve_another() -> None:
