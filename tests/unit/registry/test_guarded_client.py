@@ -11,7 +11,13 @@ import base64
 import pytest
 
 from sandman.netguard import AddressRule, RefusedAddress
-from sandman.registry import BadManifest, Keychain, RegistryClient
+from sandman.registry import (
+    BadManifest,
+    InvalidReference,
+    Keychain,
+    RegistryClient,
+    RegistryUnreachable,
+)
 from tests.unit.registry.fake import FakeRegistry
 
 CONFIG = {"Entrypoint": ["/e"], "Cmd": ["c"]}
@@ -112,3 +118,12 @@ async def test_deeply_nested_json_is_a_bad_manifest_not_a_recursion_error() -> N
         async with RegistryClient(guard=listed(reg)) as rc:
             with pytest.raises(BadManifest, match="not a token response"):
                 await rc.image_config(f"{reg.host}/app:1")
+
+
+@pytest.mark.parametrize("host", ["127.1", "2130706433", "0x7f000001", "[::ffff:127.0.0.1]"])
+async def test_other_spellings_of_loopback_never_connect(host: str) -> None:
+    async with FakeRegistry() as reg, RegistryClient(guard=AddressRule()) as rc:
+        port = reg.host.rpartition(":")[2]
+        with pytest.raises((RefusedAddress, InvalidReference, RegistryUnreachable)):
+            await rc.image_config(f"{host}:{port}/app:1")
+        assert reg.hits == {}
