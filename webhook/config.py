@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandman.contract import NAMESPACE
+from sandman.oci import InvalidReference, Reference
 from sandman.serving import add_listen_flag
 from sandman.webhook.imageconfig import LOOKUP_BUDGET_S
 from sandman.webhook.mutate import DEFAULT_SHARED_DIR, DELIVERIES
@@ -235,8 +236,12 @@ def _cidr(value: str) -> str:
 
 def _token_host(value: str) -> tuple[str, str]:
     registry, eq, host = value.partition("=")
-    if not (eq and registry and host) or "/" in host:
+    if not (eq and registry and host) or "/" in host or "/" in registry:
         raise argparse.ArgumentTypeError(f"{value!r}: expected REGISTRY=HOST[:PORT]")
+    try:
+        Reference.parse(f"{registry}/x")
+    except InvalidReference:
+        raise argparse.ArgumentTypeError(f"{value!r}: {registry!r} is no registry host") from None
     return registry, host
 
 

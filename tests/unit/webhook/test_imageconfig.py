@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import base64
+
+import pytest
 
 from sandman.contract import ANN_INJECTED, LABEL_SANDBOX
 from sandman.harness.testing import free_port
 from sandman.oci import ImageConfig, Reference
 from sandman.registry import Keychain, RegistryClient
-from sandman.webhook.config import WebhookConfig
+from sandman.webhook.config import WebhookConfig, add_flags, from_args
 from sandman.webhook.imagecache import ImageConfigCache
 from sandman.webhook.imageconfig import ImageConfigResolver, pull_secret_names
 from sandman.webhook.lookups import AdmissionLookups, address_rule
@@ -329,3 +332,30 @@ def test_the_webhooks_address_rule_comes_from_its_flags() -> None:
     assert rule.refusal("kubernetes.default", 443, "10.96.0.1") == "cluster network"
     assert rule.token_hosts["gitlab.example:5050"] == ("gitlab.example",)
     assert rule.token_hosts["registry-1.docker.io"] == ("auth.docker.io",)
+
+
+def test_lookup_flags_parse_and_bad_ones_say_what_is_expected(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    p = argparse.ArgumentParser()
+    add_flags(p)
+    args = p.parse_args(
+        [
+            "--daemon-image=d",
+            "--lookup-allow-address=registry.internal:5000",
+            "--cluster-cidr=10.96.0.1/12",  # normalised to its network
+            "--registry-token-host=gitlab.example:5050=gitlab.example",
+        ]
+    )
+    config = from_args(args)
+    assert config.lookup_allow_addresses == ("registry.internal:5000",)
+    assert config.cluster_cidrs == ("10.96.0.0/12",)
+    assert config.registry_token_hosts == (("gitlab.example:5050", "gitlab.example"),)
+    for bad, says in (
+        ("--lookup-allow-address=registry.internal", "expected HOST:PORT"),
+        ("--cluster-cidr=ten", "expected a CIDR"),
+        ("--registry-token-host=Not A Host=x", "is no registry host"),
+    ):
+        with pytest.raises(SystemExit):
+            p.parse_args(["--daemon-image=d", bad])
+        assert says in capsys.readouterr().err
