@@ -367,7 +367,7 @@ class RegistryClient:
             target = urljoin(url, resp_headers["location"])
             why = redirect_refusal(method, first, target, hops, strict=self.guard is not None)
             if why is not None:
-                raise RefusedAddress(f"{url_host_port(url)}: {why}")
+                raise RefusedAddress(f"{self._checked(url)}: {why}")
             if url_host_port(target) != url_host_port(url):
                 # credentials are for the registry, never for its storage
                 headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
