@@ -243,11 +243,12 @@ def dedicated_nodes(s: Subject) -> Iterator[Violation]:
     tolerations = s.spec.get("tolerations") or []
     missing = [t for t in prof.tolerations if t not in tolerations]
     if lost or missing:
+        lacks = [f"nodeSelector {lost}"] if lost else []
+        lacks += [f"tolerations {missing}"] if missing else []
         yield Violation(
             "dedicated-nodes",
-            f"profile {prof.name!r} places its sandboxes with nodeSelector "
-            f"{prof.node_selector} and tolerations {list(prof.tolerations)}; the pod lacks "
-            f"{lost or ''}{missing or ''}",
+            f"profile {prof.name!r} places its sandboxes on its own nodes; the pod lacks "
+            f"{' and '.join(lacks)}",
             "leave nodeSelector and tolerations as the webhook set them",
         )
 

@@ -124,3 +124,28 @@ def test_warn_mode_warns_a_preference_but_refuses_an_integrity_rule_naming_both(
     assert not out.allowed and out.rule_ids == ["capability-drop", "registry"]
     assert "(warn)" in out.message and "['capability-drop'] hold in every mode" in out.message
     assert "drop ALL" in out.message
+
+
+DEDICATED = parse_policy_text("""
+apiVersion: sandman.dev/v1alpha1
+kind: SandboxPolicy
+rules:
+- name: nodes
+  profiles:
+    rollout: {}
+    eval:
+      nodeSelector: {sandman.dev/dedicated: eval}
+      tolerations: [{key: sandman.dev/dedicated, operator: Equal, value: eval, effect: NoSchedule}]
+""").rules[0]
+
+
+def test_an_eval_sandbox_that_lost_its_placement_is_refused_and_told_what_it_lacks() -> None:
+    p = pod({**sc(drop=["NET_RAW"]), "image": "i"})
+    p["metadata"]["annotations"]["sandman.dev/profile"] = "eval"
+    p["spec"]["tolerations"] = [dict(DEDICATED.profiles["eval"].tolerations[0])]
+    [v] = check(p, DEDICATED)
+    assert v.rule == "dedicated-nodes"
+    assert "lacks nodeSelector {'sandman.dev/dedicated': 'eval'}" in v.message
+    assert "tolerations" not in v.message.split("lacks", 1)[1]
+    p["spec"]["nodeSelector"] = {"sandman.dev/dedicated": "eval", "zone": "a"}
+    assert check(p, DEDICATED) == []  # narrowing further is the user's business
