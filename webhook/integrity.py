@@ -111,8 +111,14 @@ def capability_drop(s: Subject) -> Iterator[Violation]:
         if not extra:
             continue
         name = c.get("name", "?")
-        how = "is privileged" if privileged else "keeps"
-        if kind == "ephemeralContainers":
+        how = "is privileged, so it holds" if privileged else "keeps"
+        if privileged:
+            yield Violation(
+                "capability-drop",
+                f"container {name} {how} {extra}, which this rule set does not grant",
+                "remove securityContext.privileged",
+            )
+        elif kind == "ephemeralContainers":
             yield Violation(
                 "capability-drop",
                 f"debug container {name} {how} {extra}, which the runtime grants by default "
