@@ -12,6 +12,7 @@ from pathlib import Path
 from sandman.contract import NAMESPACE
 from sandman.oci import InvalidReference, Reference
 from sandman.serving import add_listen_flag
+from sandman.webhook.imagecache import MAX_CONFIG_BYTES as IMAGE_CACHE_BYTES
 from sandman.webhook.imageconfig import LOOKUP_BUDGET_S
 from sandman.webhook.mutate import DEFAULT_SHARED_DIR, DELIVERIES
 from sandman.webhook.schedulers import DEFAULT_LEASES, lease_map, parse_lease_flag
@@ -64,6 +65,7 @@ class WebhookConfig:
     # (webhook/imageconfig.py). Off: the daemon runs alone, with a warning.
     image_config_lookup: bool = True
     image_config_timeout_s: float = LOOKUP_BUDGET_S
+    image_cache_bytes: int = IMAGE_CACHE_BYTES  # byte budget of cached configs
     read_pull_secrets: bool = False  # needs `get secrets` cluster-wide (rbac-pull-secrets.yaml)
     insecure_registries: tuple[str, ...] = ()  # plain HTTP besides loopback
     # Registry host -> the URL the webhook reaches it at (e.g. a node-local
@@ -147,6 +149,13 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         type=float,
         default=LOOKUP_BUDGET_S,
         help="seconds one admission may wait for a registry (of the webhook's 5 s)",
+    )
+    p.add_argument(
+        "--image-cache-bytes",
+        type=int,
+        default=IMAGE_CACHE_BYTES,
+        help="bytes the cached image configs may hold (estimated; least recently used "
+        "evicted first)",
     )
     p.add_argument(
         "--read-pull-secrets",
@@ -268,6 +277,7 @@ def from_args(args: argparse.Namespace) -> WebhookConfig:
         config_name=args.config_name,
         image_config_lookup=args.image_config_lookup == "on",
         image_config_timeout_s=args.image_config_timeout,
+        image_cache_bytes=args.image_cache_bytes,
         read_pull_secrets=args.read_pull_secrets,
         insecure_registries=tuple(args.insecure_registry),
         registry_endpoints=tuple(args.registry_endpoint),

@@ -56,7 +56,7 @@ class AdmissionLookups:
                     user_agent="sandman-webhook",
                     guard=address_rule(config),
                 ),
-                ImageConfigCache(time.monotonic),
+                ImageConfigCache(time.monotonic, max_config_bytes=config.image_cache_bytes),
                 secrets=PullSecrets(client, time.monotonic) if config.read_pull_secrets else None,
                 budget_s=config.image_config_timeout_s,
                 on_result=on_lookup,

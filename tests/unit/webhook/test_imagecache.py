@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
+
 from sandman.oci import MAX_ARGV_WORD_BYTES, MAX_ARGV_WORDS, ImageConfig, Reference
+from sandman.webhook import config as cfg
 from sandman.webhook.imagecache import MAX_CONFIG_BYTES, ImageConfigCache, config_cost
+from sandman.webhook.lookups import AdmissionLookups
 
 REF = Reference.parse("r.io/a")  # name "r.io/a": a key is "r.io/a@sha256:<64>", 78 bytes
 
@@ -80,3 +84,13 @@ def test_the_default_budget_holds_configs_at_every_cap() -> None:
         c.remember(REF, f"cred-{i % 7}", digest(i), worst)
     assert MAX_CONFIG_BYTES == 16 << 20
     assert len(c) == 203 and c.config_bytes == 203 * 82_638 <= MAX_CONFIG_BYTES
+
+
+def test_the_budget_is_a_webhook_flag() -> None:
+    p = argparse.ArgumentParser()
+    cfg.add_flags(p)
+    default = cfg.from_args(p.parse_args(["--daemon-image", "r/d:1"]))
+    assert default.image_cache_bytes == MAX_CONFIG_BYTES
+    small = cfg.from_args(p.parse_args(["--daemon-image", "r/d:1", "--image-cache-bytes=1234"]))
+    lookups = AdmissionLookups.build(small, client=None)  # type: ignore[arg-type]  # no I/O here
+    assert lookups.images is not None and lookups.images.cache.max_config_bytes == 1234
