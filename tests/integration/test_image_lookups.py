@@ -23,10 +23,11 @@ from sandman.webhook.imagecache import ImageConfigCache
 from sandman.webhook.imageconfig import ImageConfigResolver, PullSecrets
 from sandman.webhook.lookups import AdmissionLookups
 from sandman.webhook.metrics import WebhookMetrics
+from sandman.webhook.policy import RuleSet
 from sandman.webhook.review import Outcome, Review
 from sandman.webhook.schedulers import SchedulerLeases
 from sandman.webhook.server import WebhookState, _check_scheduler
-from tests.unit.registry.fake import FakeRegistry
+from tests.unit.registry.fake import FakeRegistry, Tarpit
 
 
 async def test_pull_secrets_from_the_api_open_a_private_registry(
@@ -119,3 +120,70 @@ async def test_a_sandbox_naming_a_stopped_scheduler_gets_a_warning_and_an_event(
     assert len(ours) == 1, events
     assert ours[0]["involvedObject"]["name"] == "sb" and ours[0]["type"] == "Warning"
     assert "'t-scheduler'" in ours[0]["message"]
+
+
+async def test_lookups_built_from_the_webhooks_flags_keep_namespaces_apart(
+    cluster: LocalCluster, core: CoreV1Api, namespace: str
+) -> None:
+    """The webhook's own lookups (AdmissionLookups.build from its flags, pull
+    secrets from the apiserver): a namespace flooding a registry that never
+    answers with unique tags does not keep this namespace's private image from
+    being read, and a rule that allows every registry ('*') connects nowhere."""
+    async with (
+        Tarpit() as tarpit,
+        FakeRegistry(auth="basic") as reg,
+        KubeClient.from_kubeconfig(cluster.kubeconfig) as kube,
+    ):
+        reg.add_image("team/app", "1", {"Entrypoint": ["/app"]})
+        auth = base64.b64encode(b"alice:s3cret").decode()
+        config = json.dumps({"auths": {reg.host: {"auth": auth}}}).encode()
+        core.create_namespaced_secret(
+            namespace,
+            {
+                "metadata": {"name": "regcred"},
+                "type": "kubernetes.io/dockerconfigjson",
+                "data": {".dockerconfigjson": base64.b64encode(config).decode()},
+            },
+        )
+        flags = WebhookConfig(
+            read_pull_secrets=True,
+            image_config_timeout_s=1.0,
+            # both are on loopback, which lookups reach only when listed
+            lookup_allow_addresses=(reg.host, tarpit.host),
+        )
+        lookups = AdmissionLookups.build(flags, kube)
+        rule = RuleSet(name="r", allowed_registries=(f"{reg.host}/*", f"{tarpit.host}/*"))
+        try:
+            flood = [
+                asyncio.ensure_future(
+                    lookups.images_for(_review("team-a", f"{tarpit.host}/t:{i}"), rule)
+                )
+                for i in range(120)
+            ]
+            async with asyncio.timeout(5):
+                await tarpit.enough.wait()
+            image = f"{reg.host}/team/app:1"
+            got = await lookups.images_for(_review(namespace, image, secret="regcred"), rule)
+            assert got is not None and got[image].config is not None, got
+            assert got[image].config.entrypoint == ("/app",)
+            flooded = [f for d in await asyncio.gather(*flood) if d for f in d.values()]
+            assert sum("busy" in f.error for f in flooded) == 112
+            assert tarpit.accepted <= 8  # the per-host bound, not the 100-connection pool
+
+            # a rule that allows every registry names none for lookups: no request
+            before = dict(reg.hits)
+            everywhere = RuleSet(name="open", mode="warn")
+            other = f"{reg.host}/team/app:2"
+            skipped = await lookups.images_for(_review(namespace, other), everywhere)
+            assert skipped is not None and "lookup skipped" in skipped[other].error
+            assert reg.hits == before
+        finally:
+            await lookups.close()
+
+
+def _review(namespace: str, image: str, *, secret: str = "") -> Review:
+    spec: dict[str, Any] = {"containers": [{"name": "main", "image": image}]}
+    if secret:
+        spec["imagePullSecrets"] = [{"name": secret}]
+    pod = {"metadata": {"labels": {LABEL_SANDBOX: "true"}}, "spec": spec}
+    return Review("r", "CREATE", namespace, pod, None, False, "Pod")
