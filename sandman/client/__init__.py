@@ -13,6 +13,8 @@ from sandman.client.client import ClientState, SandmanClient
 from sandman.client.errors import (
     ClientClosed,
     DaemonError,
+    ProtocolError,
+    ResponseTooLarge,
     SandboxGone,
     SandboxStartError,
     SandmanError,
@@ -33,6 +35,8 @@ __all__ = [
     "MockResponse",
     "MockTransport",
     "Process",
+    "ProtocolError",
+    "ResponseTooLarge",
     "Sandbox",
     "SandboxGone",
     "SandboxStartError",

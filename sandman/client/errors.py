@@ -7,14 +7,23 @@
     ├── TransportError          the daemon could not be reached (retryable)
     └── DaemonError             the daemon answered 4xx/5xx; ``status``, ``code``
         ├── Unauthorized        wrong or missing token (401)
-        └── StreamAborted       the daemon cut a stream it had begun (a tar whose
-                                files vanished or changed while it was made: retry)
+        ├── StreamAborted       the daemon cut a stream it had begun (a tar whose
+        │                       files vanished or changed while it was made: retry)
+        ├── ResponseTooLarge    the answer is over the call's ``max_bytes``; nothing
+        │                       past the bound was read (raise it, or stream)
+        └── ProtocolError       the answer is not what the daemon's API says (not
+                                JSON, nested past the parser's depth, fields missing)
 
 ``retryable`` on SandboxStartError separates infrastructure weather (no
 capacity yet, a registry hiccup, a timeout: try again) from a sandbox that can
 never start (the image does not exist, the policy forbids it): an RL loop must
 count the first as an infrastructure failure to retry, never as a zero reward,
 and must not retry the second forever.
+
+What a daemon answers is written inside the sandbox, where the agent may have
+replaced the daemon: every answer is read up to a bound (ResponseTooLarge past
+it) and every malformed one is a ProtocolError, never an exception of the
+JSON parser or an out-of-memory trainer.
 """
 
 from __future__ import annotations
@@ -73,3 +82,30 @@ class StreamAborted(DaemonError):
     """The daemon began a streamed answer (HTTP 200) and then cut it, saying
     why in its last record: nothing of that answer is usable. ``status`` is the
     200 it had sent; ``code`` and ``message`` are the daemon's."""
+
+
+class ResponseTooLarge(DaemonError):
+    """The daemon's answer is larger than the caller's bound (``limit`` bytes).
+
+    Reading stopped at the bound, so the trainer holds at most ``limit`` bytes
+    of it. ``status`` is the answer's HTTP status; ``code`` is
+    ``response_too_large``.
+    """
+
+    def __init__(self, status: int, limit: int, what: str, remedy: str) -> None:
+        super().__init__(
+            status,
+            "response_too_large",
+            f"{what}: the answer is over {limit} bytes, the bound of this call; {remedy}",
+        )
+        self.limit = limit
+
+
+class ProtocolError(DaemonError):
+    """The daemon's answer breaks its API: not JSON, JSON nested deeper than the
+    parser goes, or a document without the fields the call needs. A real daemon
+    never answers so; the agent may have replaced it. ``code`` is
+    ``bad_answer``."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(status, "bad_answer", message)

@@ -18,7 +18,7 @@ import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
-from sandman.client.errors import DaemonError, TransportError
+from sandman.client.errors import DaemonError, ProtocolError, TransportError
 from sandman.client.transport import DaemonSocket
 
 # A start answer should come at once; a busy node and a slow apiserver take
@@ -43,6 +43,21 @@ def start_message(
     if env:
         msg["env"] = dict(env)
     return msg
+
+
+def _control(msg: str) -> dict[str, Any]:
+    """A text message of the terminal's protocol: a JSON object, else a
+    ProtocolError (the daemon may have been replaced by the agent; aiohttp
+    bounds a message at 4 MiB, the parser's depth is bounded here)."""
+    try:
+        doc = json.loads(msg)
+    except (ValueError, RecursionError):
+        raise ProtocolError(
+            200, f"the terminal sent a message that is not JSON: {msg:.200}"
+        ) from None
+    if not isinstance(doc, dict):
+        raise ProtocolError(200, f"the terminal sent a message that is not an object: {msg:.200}")
+    return doc
 
 
 def _error(doc: Mapping[str, Any]) -> DaemonError:
@@ -72,13 +87,22 @@ class Terminal:
         except BaseException:
             await sock.close()
             raise
-        doc = json.loads(msg) if isinstance(msg, str) else None
-        if doc is None or doc.get("type") != "started":
-            await sock.close()
+        try:
+            doc = _control(msg) if isinstance(msg, str) else None
             if doc is not None and doc.get("type") == "error":
                 raise _error(doc)
-            raise TransportError(f"the terminal did not start (got {msg!r:.200})")
-        return cls(sock, int(doc["pid"]))
+            if doc is None or doc.get("type") != "started":
+                raise TransportError(f"the terminal did not start (got {msg!r:.200})")
+            pid = int(doc["pid"])
+        except (KeyError, TypeError, ValueError):
+            await sock.close()
+            raise ProtocolError(
+                200, f"the terminal's start message has no pid: {msg!r:.200}"
+            ) from None
+        except BaseException:
+            await sock.close()
+            raise
+        return cls(sock, pid)
 
     async def write(self, data: bytes | str) -> None:
         """Keystrokes (Ctrl-C is "\\x03": the program gets SIGINT from its terminal)."""
@@ -100,9 +124,14 @@ class Terminal:
             if msg is None:
                 self.ended = True
                 break
-            doc = json.loads(msg)
+            doc = _control(msg)
             if doc.get("type") == "exit":
-                self.exit_code = int(doc["exit_code"])
+                try:
+                    self.exit_code = int(doc["exit_code"])
+                except (KeyError, TypeError, ValueError):
+                    raise ProtocolError(
+                        200, f"an exit message without a code: {msg:.200}"
+                    ) from None
             elif doc.get("type") == "error":
                 raise _error(doc)
         return b""

@@ -13,9 +13,19 @@ from typing import Any, NoReturn
 
 from sandman.client import podwatch, reuse, startup
 from sandman.client import pty as pty_mod
+from sandman.client.bounded import (
+    MAX_ERROR_BYTES,
+    MAX_FILE_BYTES,
+    MAX_JSON_BYTES,
+    loads,
+    read_bounded,
+    read_prefix,
+)
 from sandman.client.client import UNSET, SandmanClient
 from sandman.client.errors import (
     DaemonError,
+    ProtocolError,
+    ResponseTooLarge,
     SandboxGone,
     SandboxStartError,
     StreamAborted,
@@ -23,7 +33,7 @@ from sandman.client.errors import (
     Unauthorized,
 )
 from sandman.client.results import ExecResult, Process, Session, decode_output
-from sandman.client.transport import DaemonRequest, Target
+from sandman.client.transport import DaemonRequest, DaemonResponse, Target
 from sandman.contract import (
     ANN_EXPIRES_AT,
     ANN_IDLE_TIMEOUT,
@@ -464,6 +474,26 @@ class Sandbox:
             )
         return Target(self.namespace, self.name, self.ip, self._token)
 
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = UNSET,
+        data: Any = None,
+        params: Mapping[str, str] | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+    ) -> DaemonResponse:
+        """The daemon's answer, its body unread; a 4xx/5xx is raised as the SDK's error."""
+        resp = await self.client.transport.send(
+            await self._target(),
+            DaemonRequest(method, path, dict(params or {}), None if body is UNSET else body, data),
+            timeout,
+        )
+        if resp.status >= 400:
+            raise _daemon_error(resp.status, await read_prefix(resp, MAX_ERROR_BYTES), self)
+        return resp
+
     async def _call(
         self,
         method: str,
@@ -473,17 +503,24 @@ class Sandbox:
         data: Any = None,
         params: Mapping[str, str] | None = None,
         timeout: float = DEFAULT_TIMEOUT_S,
+        max_bytes: int = MAX_JSON_BYTES,
     ) -> Any:
-        resp = await self.client.transport.send(
-            await self._target(),
-            DaemonRequest(method, path, dict(params or {}), None if body is UNSET else body, data),
-            timeout,
+        """A call of the daemon's JSON API: its decoded answer (an answer that is
+        not a JSON document, e.g. an empty 204, is returned as bytes)."""
+        resp = await self._send(method, path, body=body, data=data, params=params, timeout=timeout)
+        payload = await read_bounded(
+            resp,
+            max_bytes,
+            what=f"{self}: {method} {path}",
+            remedy="the daemon's API answers far less; this sandbox's daemon is not "
+            "Sandman's (the agent may have replaced it): replace the sandbox",
         )
-        payload = await resp.read()
-        if resp.status >= 400:
-            raise _daemon_error(resp.status, payload, self)
         ctype_json = payload[:1] in (b"{", b"[")
-        return json.loads(payload) if ctype_json else payload
+        return (
+            loads(payload, status=resp.status, what=f"{self}: {method} {path}")
+            if ctype_json
+            else payload
+        )
 
     async def exec(
         self,
@@ -496,7 +533,13 @@ class Sandbox:
         max_output_bytes: int | None = None,
     ) -> ExecResult:
         body = _exec_body(cmd, cwd, env, stdin, timeout_s, max_output_bytes)
-        doc = await self._call("POST", "/v1/exec", body=body, timeout=timeout_s + 30)
+        doc = await self._call(
+            "POST",
+            "/v1/exec",
+            body=body,
+            timeout=timeout_s + 30,
+            max_bytes=exec_answer_bound(max_output_bytes),
+        )
         if self.timings.first_result is None:
             self.timings.first_result = time.monotonic()
             self._trace_start()
@@ -514,23 +557,29 @@ class Sandbox:
         """Yields (stream, bytes) chunks as they come, then the final ExecResult.
         ``stdin`` is the command's whole input (sent with the request)."""
         body = _exec_body(cmd, cwd, env, stdin, timeout_s, None)
-        resp = await self.client.transport.send(
-            await self._target(),
-            DaemonRequest("POST", "/v1/exec", {"stream": "1"}, body),
-            timeout_s + 30,
+        resp = await self._send(
+            "POST", "/v1/exec", body=body, params={"stream": "1"}, timeout=timeout_s + 30
         )
-        if resp.status >= 400:
-            raise _daemon_error(resp.status, await resp.read(), self)
-        buf = b""
-        async for chunk in resp.chunks():
-            buf += chunk
-            while b"\n" in buf:
-                line, buf = buf.split(b"\n", 1)
-                rec = json.loads(line)
-                if rec["type"] == "output":
-                    yield rec["stream"], decode_output(rec["data"], rec["encoding"])
-                else:
-                    yield ExecResult.from_json({**rec, "stdout": "", "stderr": ""})
+        what = f"{self}: POST /v1/exec?stream=1"
+        chunks = resp.chunks()
+        buf = bytearray()
+        try:
+            async for chunk in chunks:
+                buf += chunk
+                while (end := buf.find(b"\n")) >= 0:
+                    line = bytes(buf[:end])
+                    del buf[: end + 1]
+                    yield _stream_record(loads(line, status=resp.status, what=what), resp.status)
+                if len(buf) > MAX_JSON_BYTES:  # one record, no end in sight
+                    raise ResponseTooLarge(
+                        resp.status,
+                        MAX_JSON_BYTES,
+                        f"{what}: one record",
+                        "the daemon's records are far shorter; its daemon is not "
+                        "Sandman's (the agent may have replaced it): replace the sandbox",
+                    )
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]
 
     async def session(
         self, *, cwd: str | None = None, env: Mapping[str, str] | None = None
@@ -592,9 +641,31 @@ class Sandbox:
         doc = await self._call("GET", "/v1/processes")
         return [Process(self, p["id"], p["pid"], record=p) for p in doc["processes"]]
 
-    async def read_file(self, path: str) -> bytes:
-        data = await self._call("GET", "/v1/files", params={"path": path})
-        return data if isinstance(data, bytes) else json.dumps(data).encode()
+    async def read_file(self, path: str, *, max_bytes: int = MAX_FILE_BYTES) -> bytes:
+        """The file's bytes, exactly as stored. ResponseTooLarge once it passes
+        ``max_bytes`` (default 256 MiB): reading stops there. For larger files
+        pass a larger bound, or stream with ``read_file_chunks``."""
+        resp = await self._send("GET", "/v1/files", params={"path": path})
+        return await read_bounded(
+            resp,
+            max_bytes,
+            what=f"{self}: {path}",
+            remedy="pass read_file(path, max_bytes=N) to read more, or stream it with "
+            "read_file_chunks(path)",
+        )
+
+    async def read_file_chunks(self, path: str) -> AsyncIterator[bytes]:
+        """The file's bytes as they arrive, never held whole. The first step
+        raises the daemon's error (a missing file) before any byte; a file cut
+        short on the way raises TransportError, never a short end that looks
+        whole."""
+        resp = await self._send("GET", "/v1/files", params={"path": path})
+        chunks = resp.chunks()
+        try:
+            async for chunk in chunks:
+                yield chunk
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]
 
     async def write_file(
         self, path: str, data: bytes | str, *, mode: str = "0644", mkdirs: bool = True
@@ -632,32 +703,41 @@ class Sandbox:
             params={"path": directory, "mkdirs": "1"},
         )
 
-    async def download_tar(self, path: str, *, gzip: bool = False) -> bytes:
+    async def download_tar(
+        self, path: str, *, gzip: bool = False, max_bytes: int = MAX_FILE_BYTES
+    ) -> bytes:
         """The whole archive, or an error: never a truncated tar that looks whole.
 
         Raises StreamAborted when the daemon cut the stream (a file vanished or
-        changed while it was archived: retry when the tree is quiet), and
-        TransportError when the connection broke off for another reason.
+        changed while it was archived: retry when the tree is quiet),
+        TransportError when the connection broke off for another reason, and
+        ResponseTooLarge once the archive passes ``max_bytes`` (default 256
+        MiB; reading stops there: pass a larger bound, or ``gzip=True``).
         """
-        resp = await self.client.transport.send(
-            await self._target(),
-            DaemonRequest("GET", "/v1/files/tar", {"path": path, "gzip": "1" if gzip else "0"}),
-            DEFAULT_TIMEOUT_S,
+        resp = await self._send(
+            "GET", "/v1/files/tar", params={"path": path, "gzip": "1" if gzip else "0"}
         )
-        if resp.status >= 400:
-            raise _daemon_error(resp.status, await resp.read(), self)
-        parts: list[bytes] = []
+        data = bytearray()
+        chunks = resp.chunks()
         try:
-            async for chunk in resp.chunks():
-                parts.append(chunk)
+            async for chunk in chunks:
+                if len(data) + len(chunk) > max_bytes:
+                    raise ResponseTooLarge(
+                        resp.status,
+                        max_bytes,
+                        f"{self}: the archive of {path}",
+                        "pass download_tar(path, max_bytes=N) to read more, or gzip=True",
+                    )
+                data += chunk
         except TransportError as e:
-            raise _stream_error(resp.status, b"".join(parts)[-8192:]) or e from e
-        data = b"".join(parts)
+            raise _stream_error(resp.status, bytes(data[-8192:])) or e from e
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]
         # A cut stream always ends in a transport error; this is belt and braces.
-        err = _stream_error(resp.status, data[-8192:])
+        err = _stream_error(resp.status, bytes(data[-8192:]))
         if err is not None:
             raise err
-        return data
+        return bytes(data)
 
     async def reset(self) -> dict[str, Any]:
         """Restore for reuse. Before reusing, ask ``reuse_refusal(report)``: a
@@ -714,6 +794,34 @@ def _exec_body(
     return body
 
 
+def exec_answer_bound(max_output_bytes: int | None) -> int:
+    """The largest answer a daemon gives to an exec with ``max_output_bytes``
+    per stream: each stream's bytes, at most 6-fold once JSON escapes them
+    (``\\u0001`` for one control byte), in two streams, plus room for the
+    rest of the document. Never below the JSON API's bound.
+
+    >>> exec_answer_bound(None) == MAX_JSON_BYTES  # the daemon's default is 1 MiB
+    True
+    >>> exec_answer_bound(64 << 20) // (1 << 20)  # 2 * 6 * 64 MiB + 1 MiB
+    769
+    """
+    if max_output_bytes is None:
+        return MAX_JSON_BYTES
+    return max(MAX_JSON_BYTES, 2 * 6 * max_output_bytes + (1 << 20))
+
+
+def _stream_record(rec: Any, status: int) -> tuple[str, bytes] | ExecResult:
+    """One record of a streamed exec: an output chunk, or the result."""
+    try:
+        if rec["type"] == "output":
+            return str(rec["stream"]), decode_output(rec["data"], rec["encoding"])
+        return ExecResult.from_json({**rec, "stdout": "", "stderr": ""})
+    except (KeyError, TypeError, ValueError) as e:
+        raise ProtocolError(
+            status, f"a streamed exec record lacks a field or a type ({e!r})"
+        ) from None
+
+
 def _stream_error(status: int, tail: bytes) -> StreamAborted | None:
     """The daemon's error record at the end of a stream it cut, if it got here
     (a proxy on the way may drop the last bytes of a broken stream)."""
@@ -723,15 +831,15 @@ def _stream_error(status: int, tail: bytes) -> StreamAborted | None:
     try:
         doc = json.loads(tail[at + len(STREAM_ERROR_MARKER) :])
         return StreamAborted(status, str(doc["code"]), str(doc["message"]))
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         return None
 
 
 def _daemon_error(status: int, payload: bytes, sb: Sandbox) -> Exception:
     try:
         err = json.loads(payload)["error"]
-        code, message = err["code"], err["message"]
-    except (ValueError, KeyError, TypeError):
+        code, message = str(err["code"]), str(err["message"])
+    except (ValueError, KeyError, TypeError, RecursionError):
         code, message = "http_error", payload[:300].decode(errors="replace")
     if status == 401:
         return Unauthorized(status, code, message)

@@ -55,11 +55,18 @@ class DaemonRequest:
 
 
 class DaemonResponse(Protocol):
+    """A daemon's answer, read as it arrives: ``chunks()`` holds one chunk at a
+    time; ``sandman.client.bounded.read_bounded`` reads a whole answer up to a
+    bound. There is no unbounded ``read()``: what a daemon sends is written
+    inside the sandbox."""
+
     status: int
+    content_length: int | None  # as the answer declared it; None: chunked
 
-    async def read(self) -> bytes: ...
-
-    def chunks(self) -> AsyncIterator[bytes]: ...
+    def chunks(self) -> AsyncIterator[bytes]:
+        """The body as it comes; leaving the loop early drops the connection
+        (the unread rest is never read)."""
+        ...
 
     async def close(self) -> None: ...
 
@@ -90,22 +97,19 @@ class _AiohttpResponse:
     def __init__(self, resp: aiohttp.ClientResponse) -> None:
         self._resp = resp
         self.status = resp.status
-
-    async def read(self) -> bytes:
-        try:
-            return await self._resp.read()
-        except aiohttp.ClientError as e:  # the body broke off (e.g. a cut chunked stream)
-            raise TransportError(f"{self._resp.url.path}: the answer broke off: {e}") from e
-        finally:
-            self._resp.release()
+        self.content_length = resp.content_length
 
     async def chunks(self) -> AsyncIterator[bytes]:  # type: ignore[override]
+        # iter_any yields what has arrived; aiohttp pauses the socket while
+        # its buffer holds more than 128 KiB, so one chunk stays that small.
         try:
             async for chunk in self._resp.content.iter_any():
                 yield chunk
-        except aiohttp.ClientError as e:
+        except aiohttp.ClientError as e:  # the body broke off (e.g. a cut chunked stream)
             raise TransportError(f"{self._resp.url.path}: the answer broke off: {e}") from e
         finally:
+            # A body left unread makes aiohttp close the connection rather
+            # than pool it: the rest is never read.
             self._resp.release()
 
     async def close(self) -> None:
@@ -322,8 +326,9 @@ class MockResponse:
     def json(cls, status: int, doc: Any) -> MockResponse:
         return cls(status, json.dumps(doc).encode())
 
-    async def read(self) -> bytes:
-        return self.body
+    @property
+    def content_length(self) -> int | None:
+        return len(self.body)
 
     async def chunks(self) -> AsyncIterator[bytes]:  # type: ignore[override]
         yield self.body

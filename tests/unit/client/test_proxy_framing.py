@@ -17,6 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
+from sandman.client.bounded import read_bounded
 from sandman.client.transport import DaemonRequest, HttpTransport, Target
 from sandman.kube_async import Credentials, KubeClient
 
@@ -57,7 +58,8 @@ async def test_bodies_through_the_apiserver_proxy_are_chunked() -> None:
                     DaemonRequest("GET", "/v1/status"),
                 ):
                     resp = await transport.send(TARGET, req, timeout=10)
-                    assert await resp.read() == b'{"ok": true}'
+                    body = await read_bounded(resp, 1 << 20, what="test", remedy="")
+                    assert body == b'{"ok": true}'
             finally:
                 await transport.close()
     finally:
