@@ -90,10 +90,11 @@ IDLE_UNSUPPORTED = -1.0
 
 def parse_idle(body: bytes) -> float | None:
     """The ``idle_s`` of a ``/v1/idle`` answer; None for anything else (not
-    JSON, not a finite number from 0 to ``MAX_IDLE_S``)."""
+    JSON, JSON nested past the parser's depth, not a finite number from 0 to
+    ``MAX_IDLE_S``): an unknown, never an exception in the reaper's loop."""
     try:
         idle = float(json.loads(body)["idle_s"])
-    except (ValueError, KeyError, TypeError, IndexError):
+    except (ValueError, KeyError, TypeError, IndexError, RecursionError):
         return None
     return idle if math.isfinite(idle) and 0 <= idle <= MAX_IDLE_S else None
 

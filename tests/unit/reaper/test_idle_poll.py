@@ -49,6 +49,10 @@ POD = {"status": {"podIP": "127.0.0.1"}}
         (b'{"idle_s": [1]}', None),
         (b"[1]", None),
         (b"not json", None),
+        # Nested past the JSON parser's recursion limit (RecursionError, not a
+        # ValueError) inside the 4 KiB the reaper reads: no answer, no crash.
+        (b"[" * 4000, None),
+        (b'{"idle_s": ' + b"[" * 4000, None),
     ],
 )
 async def test_answers_that_are_not_an_idle_figure_count_as_no_answer(
