@@ -191,11 +191,22 @@ def test_injected_containers_lack_net_raw(
 
 # A pod that answers HTTP on ``port``, restricted enough for sandman-system's
 # Pod Security level (busybox httpd serving its own root).
+# /cgi-bin/addr answers the caller's address as the pod sees it.
+CGI_ADDR = "#!/bin/sh\necho Content-Type: text/plain\necho\necho $REMOTE_ADDR\n"
+
+
 def _stand_in(
     core: CoreV1Api, ns: str, name: str, labels: dict[str, str], port: int, image: str
 ) -> str:
     """Its pod IP, once Ready."""
-    pod = real_pod(name, image, ["httpd", "-f", "-p", str(port), "-h", "/"])
+    script = (
+        "mkdir -p /www/cgi-bin && printf '%s' \"$CGI\" > /www/cgi-bin/addr && "
+        f"chmod +x /www/cgi-bin/addr && exec httpd -f -p {port} -h /www"
+    )
+    pod = real_pod(name, image, ["sh", "-c", script])
+    pod["spec"]["containers"][0]["env"] = [{"name": "CGI", "value": CGI_ADDR}]
+    pod["spec"]["containers"][0]["volumeMounts"] = [{"name": "www", "mountPath": "/www"}]
+    pod["spec"]["volumes"] = [{"name": "www", "emptyDir": {}}]
     pod["metadata"]["labels"] = labels
     pod["spec"]["securityContext"] = {
         "runAsNonRoot": True,
@@ -276,6 +287,14 @@ def test_sandboxes_reach_neither_sandmans_components_nor_kube_system_but_dns(
         # DNS, the one way into kube-system, still resolves.
         dns = _run(sb, token, f"nslookup sandman-webhook.{NAMESPACE}.svc.cluster.local")
         assert dns["exit_code"] == 0 and webhook_svc in dns["stdout"], dns
+        # The apiserver (a host process) reaches sandman-system's pods through
+        # the default deny, from the node's bridge address: the address
+        # manifests/overlays/local lets in to the webhook (kube-router also
+        # admits whatever the node itself sends).
+        seen = core.connect_get_namespaced_pod_proxy_with_path(
+            f"{reaper}:8080", NAMESPACE, "cgi-bin/addr"
+        )
+        assert str(seen).strip() == NODE_PEER["ipBlock"]["cidr"].split("/")[0], seen
     finally:
         for ns, name in stand_ins:
             try:
