@@ -18,6 +18,7 @@ from urllib.parse import parse_qsl
 from aiohttp import web
 
 from sandman.adapters.e2b import wire
+from sandman.adapters.e2b.connect import MAX_MESSAGE_BYTES
 from sandman.adapters.e2b.gateway import GATEWAY, Gateway
 from sandman.client import DaemonError, Sandbox, SandboxGone, SandboxStartError
 from sandman.clock import utc_now
@@ -93,9 +94,15 @@ async def _json(request: web.Request) -> dict[str, Any]:
     if not request.can_read_body:
         return {}
     try:
-        body = await request.json()
+        body = await request.json()  # counted against the app's client_max_size as it arrives
+    except web.HTTPRequestEntityTooLarge:
+        raise ApiFailure(
+            413, f"the body is over {MAX_MESSAGE_BYTES} bytes, the gateway's bound"
+        ) from None
     except ValueError:
         raise ApiFailure(400, "the body is not JSON") from None
+    except RecursionError:
+        raise ApiFailure(400, "the body's JSON is nested too deep") from None
     if not isinstance(body, dict):
         raise ApiFailure(400, "the body must be a JSON object")
     return body

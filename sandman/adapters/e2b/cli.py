@@ -9,7 +9,7 @@ import secrets
 import sys
 from pathlib import Path
 
-from sandman.adapters.e2b.gateway import GatewayConfig, run_gateway
+from sandman.adapters.e2b.gateway import MAX_UPLOAD_BYTES, GatewayConfig, run_gateway
 from sandman.serving import add_listen_flag
 
 KEY_ENV = "SANDMAN_E2B_API_KEY"
@@ -46,6 +46,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument("--node-selector", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--startup-timeout", type=float, default=300.0, metavar="SECONDS")
+    p.add_argument(
+        "--max-upload-bytes",
+        type=int,
+        default=MAX_UPLOAD_BYTES,
+        metavar="N",
+        help="the largest file one POST /files may upload (held in the gateway's "
+        "memory while it goes to the sandbox; default 512 MiB)",
+    )
     p.set_defaults(func=cmd_gateway)
 
 
@@ -80,6 +88,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         templates=_pairs(args.template, "--template"),
         node_selector=_pairs(args.node_selector, "--node-selector") or None,
         startup_timeout_s=args.startup_timeout,
+        max_upload_bytes=args.max_upload_bytes,
     )
     url = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
     print(f"export E2B_API_URL={url} E2B_SANDBOX_URL={url}", file=sys.stderr)

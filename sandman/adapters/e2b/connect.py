@@ -12,6 +12,11 @@ Handlers take the request message as a dict (protobuf JSON) and return one,
 or yield many; they raise ``ConnectError(code, message)`` for RPC errors,
 which become Connect error JSON on one channel only (HTTP status for unary
 calls, the end-of-stream envelope for streams).
+
+Every call is authenticated before its body is read (``authenticate``), and
+the body is read with a running count: a client without the sandbox's token
+makes the server read nothing, and one with it at most ``MAX_MESSAGE_BYTES``,
+whatever its Content-Length says or whether it sends one (chunked).
 """
 
 from __future__ import annotations
@@ -34,6 +39,9 @@ COMPRESSED = 0b01
 # envd's requests are small (a command line, a path); a bound keeps a
 # misbehaving client from making the gateway buffer without limit.
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+# A request body over MAX_MESSAGE_BYTES: refused with HTTP's own status for
+# it (a unary call's status says so; Connect clients read the code).
+TOO_LARGE_STATUS = 413
 
 # Connect code -> HTTP status of a unary error (the protocol's table).
 HTTP_STATUS = {
@@ -57,14 +65,16 @@ HTTP_STATUS = {
 
 
 class ConnectError(Exception):
-    """An RPC error with a Connect code (a key of HTTP_STATUS)."""
+    """An RPC error with a Connect code (a key of HTTP_STATUS); ``status``
+    overrides the code's HTTP status of a unary answer."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, *, status: int | None = None) -> None:
         if code not in HTTP_STATUS:
             raise ValueError(f"unknown Connect code {code!r}")
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+        self.status = status or HTTP_STATUS[code]
 
     def to_json(self) -> dict[str, str]:
         return {"code": self.code, "message": self.message}
@@ -98,6 +108,8 @@ def parse_message(data: bytes) -> dict[str, Any]:
         msg = json.loads(data)
     except ValueError as e:
         raise ConnectError("invalid_argument", f"request is not JSON: {e}") from None
+    except RecursionError:
+        raise ConnectError("invalid_argument", "request JSON is nested too deep") from None
     if not isinstance(msg, dict):
         raise ConnectError("invalid_argument", "request must be a JSON object")
     return msg
@@ -122,6 +134,33 @@ class Call:
 
 Unary = Callable[[Call, dict[str, Any]], Awaitable[dict[str, Any]]]
 ServerStream = Callable[[Call, dict[str, Any]], AsyncIterator[dict[str, Any]]]
+# Checks a request's credentials from its headers alone (raises ConnectError
+# "unauthenticated"); runs before any byte of the body is read.
+Authenticate = Callable[[web.Request], object]
+
+
+def _no_auth(_request: web.Request) -> None:
+    return None
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The request's body, counted as it arrives: ConnectError
+    ``resource_exhausted`` (HTTP 413) once it passes ``limit``, with the rest
+    left unread. Content-Length is only a shortcut: a chunked body is counted
+    the same way."""
+    too_large = ConnectError(
+        "resource_exhausted",
+        f"the request body is over {limit} bytes, the bound of this call",
+        status=TOO_LARGE_STATUS,
+    )
+    if request.content_length is not None and request.content_length > limit:
+        raise too_large
+    body = bytearray()
+    while chunk := await request.content.readany():
+        body += chunk
+        if len(body) > limit:
+            raise too_large
+    return bytes(body)
 
 
 def _timeout_ms(request: web.Request) -> int | None:
@@ -143,29 +182,32 @@ def _check_codec(request: web.Request, want: str) -> None:
         raise ConnectError("unimplemented", "compressed streams are not supported")
 
 
-def unary_route(handler: Unary) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+def unary_route(
+    handler: Unary, authenticate: Authenticate = _no_auth
+) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     async def route(request: web.Request) -> web.StreamResponse:
         try:
+            authenticate(request)  # MUST come first: nothing is read for a stranger
             _check_codec(request, UNARY_JSON)
-            if request.content_length and request.content_length > MAX_MESSAGE_BYTES:
-                raise ConnectError("resource_exhausted", "request message too large")
             call = Call(request, _timeout_ms(request))
-            reply = await handler(call, parse_message(await request.read()))
+            message = parse_message(await read_body(request, MAX_MESSAGE_BYTES))
+            reply = await handler(call, message)
         except ConnectError as e:
-            return web.json_response(e.to_json(), status=HTTP_STATUS[e.code])
+            return web.json_response(e.to_json(), status=e.status)
         return web.json_response(reply)
 
     return route
 
 
-def stream_route(handler: ServerStream) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+def stream_route(
+    handler: ServerStream, authenticate: Authenticate = _no_auth
+) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     async def route(request: web.Request) -> web.StreamResponse:
         try:
+            authenticate(request)  # MUST come first: nothing is read for a stranger
             _check_codec(request, STREAM_JSON)
-            if request.content_length and request.content_length > MAX_MESSAGE_BYTES:
-                raise ConnectError("resource_exhausted", "request message too large")
             call = Call(request, _timeout_ms(request))
-            message = read_envelope(await request.read())
+            message = read_envelope(await read_body(request, MAX_MESSAGE_BYTES + 5))
         except ConnectError as e:
             # Errors before the stream starts are still sent as a stream (status 200):
             # that is what Connect clients expect of a streaming call.
@@ -198,21 +240,28 @@ def routes(
     unary: Mapping[str, Unary],
     streams: Mapping[str, ServerStream],
     unimplemented: tuple[str, ...] = (),
+    authenticate: Authenticate = _no_auth,
 ) -> list[web.RouteDef]:
-    """aiohttp routes of one service; methods it does not offer answer ``unimplemented``."""
-    out = [web.post(f"/{service}/{m}", unary_route(h)) for m, h in unary.items()]
-    out += [web.post(f"/{service}/{m}", stream_route(h)) for m, h in streams.items()]
+    """aiohttp routes of one service; methods it does not offer answer
+    ``unimplemented``. ``authenticate`` runs first on every route."""
+    out = [web.post(f"/{service}/{m}", unary_route(h, authenticate)) for m, h in unary.items()]
+    out += [web.post(f"/{service}/{m}", stream_route(h, authenticate)) for m, h in streams.items()]
     for method in unimplemented:
-        out.append(web.post(f"/{service}/{method}", _unimplemented(service, method)))
+        out.append(web.post(f"/{service}/{method}", _unimplemented(service, method, authenticate)))
     return out
 
 
-def _unimplemented(service: str, method: str) -> Callable[[web.Request], Awaitable[web.Response]]:
+def _unimplemented(
+    service: str, method: str, authenticate: Authenticate
+) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def route(request: web.Request) -> web.Response:
-        err = ConnectError("unimplemented", f"{service}/{method} is not supported by Sandman")
-        ctype = request.headers.get("Content-Type", "")
-        if ctype.startswith("application/connect+"):
-            return web.Response(body=end_envelope(err), content_type=STREAM_JSON)
-        return web.json_response(err.to_json(), status=HTTP_STATUS[err.code])
+        try:
+            authenticate(request)
+            raise ConnectError("unimplemented", f"{service}/{method} is not supported by Sandman")
+        except ConnectError as err:
+            ctype = request.headers.get("Content-Type", "")
+            if ctype.startswith("application/connect+"):
+                return web.Response(body=end_envelope(err), content_type=STREAM_JSON)
+            return web.json_response(err.to_json(), status=err.status)
 
     return route

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import gzip
+import logging
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -19,11 +19,19 @@ from typing import Any
 from aiohttp import web
 
 from sandman.adapters.e2b import wire
-from sandman.adapters.e2b.connect import Call, ConnectError
+from sandman.adapters.e2b.connect import TOO_LARGE_STATUS, Call, ConnectError
 from sandman.adapters.e2b.connect import routes as connect_routes
-from sandman.adapters.e2b.gateway import GATEWAY, Entry, Gateway
+from sandman.adapters.e2b.gateway import GATEWAY, SANDBOX_ID_HEADER, Entry, Gateway
 from sandman.adapters.e2b.processes import Tracked, process_config, stream_events
-from sandman.client import DaemonError, SandboxGone, SandmanError, TransportError
+from sandman.client import (
+    DaemonError,
+    ResponseTooLarge,
+    SandboxGone,
+    SandmanError,
+    TransportError,
+)
+
+log = logging.getLogger(__name__)
 
 # Daemon error (status, code) -> Connect code; what is not listed is "internal".
 _CODES = {
@@ -50,6 +58,8 @@ def rpc_errors() -> Iterator[None]:
         raise ConnectError("not_found", str(e)) from None
     except TransportError as e:
         raise ConnectError("unavailable", str(e)) from None
+    except ResponseTooLarge as e:
+        raise ConnectError("resource_exhausted", e.message) from None
     except DaemonError as e:
         code = _CODES.get((e.status, e.code)) or _CODES.get(e.status, "internal")
         raise ConnectError(code, e.message) from None
@@ -212,10 +222,7 @@ async def remove(call: Call, msg: dict[str, Any]) -> dict[str, Any]:
 # -- plain HTTP: /files and /health -----------------------------------------------------------
 _HTTP_STATUS = {"not_found": 404, "already_exists": 409, "permission_denied": 403,
                 "invalid_argument": 400, "unauthenticated": 401, "unavailable": 502,
-                "resource_exhausted": 413}  # fmt: skip
-# Uploads are buffered before they go to the daemon (the SDK's write_file
-# takes bytes); the bound keeps one upload from exhausting the gateway.
-MAX_UPLOAD_BYTES = 512 * 1024 * 1024
+                "resource_exhausted": TOO_LARGE_STATUS}  # fmt: skip
 
 
 def _http_error(e: ConnectError) -> web.Response:
@@ -231,16 +238,33 @@ async def _http_entry(request: web.Request) -> tuple[Gateway, Entry]:
 
 
 async def files_get(request: web.Request) -> web.StreamResponse:
+    """The file, streamed from the daemon to the client a chunk at a time:
+    the gateway never holds a whole file, whatever its size."""
     try:
         gw, entry = await _http_entry(request)
         path = await _path(gw, entry, dict(request.query))
+        chunks = entry.sandbox.read_file_chunks(path)
         with rpc_errors():
-            data = await entry.sandbox.read_file(path)
+            first = await anext(chunks, b"")  # the daemon's error, before any byte goes out
     except ConnectError as e:
         return _http_error(e)
-    resp = web.Response(body=data, content_type="application/octet-stream")
+    resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
     if "gzip" in request.headers.get("Accept-Encoding", ""):
         resp.enable_compression()
+    await resp.prepare(request)
+    try:
+        await resp.write(first)
+        async for chunk in chunks:
+            await resp.write(chunk)
+    except SandmanError as e:
+        # The daemon cut the file short: cut the client's answer too (no last
+        # chunk), never an end that makes a short file look whole.
+        log.warning("GET /files %s: the daemon's answer broke off: %s", path, e)
+        request.protocol.force_close()
+        return resp
+    finally:
+        await chunks.aclose()
+    await resp.write_eof()
     return resp
 
 
@@ -248,9 +272,9 @@ async def files_post(request: web.Request) -> web.Response:
     try:
         if any(h.lower().startswith("x-metadata-") for h in request.headers):
             raise ConnectError("invalid_argument", "file metadata is not supported by Sandman")
-        gw, entry = await _http_entry(request)
+        gw, entry = await _http_entry(request)  # MUST come first: nothing is read for a stranger
         written = []
-        for name, data in await _uploads(request):
+        for name, data in await _uploads(request, gw.config.max_upload_bytes):
             path = await _path(gw, entry, {"path": name})
             with rpc_errors():
                 await entry.sandbox.write_file(path, data, mkdirs=True)
@@ -260,11 +284,19 @@ async def files_post(request: web.Request) -> web.Response:
     return web.json_response(written)
 
 
-async def _uploads(request: web.Request) -> list[tuple[str, bytes]]:
-    """(path, bytes) of each file in a multipart or octet-stream upload."""
+async def _uploads(request: web.Request, limit: int) -> list[tuple[str, bytes]]:
+    """(path, bytes) of each file in a multipart or octet-stream upload.
+
+    The bytes are the file as the client had it: aiohttp undoes the body's
+    Content-Encoding once, as it arrives (a gzip upload), and nothing is
+    decoded again, so a ``.gz`` file stays a ``.gz`` file. Every file counts
+    against ``limit`` as it streams in, after that one decoding (a gzip bomb
+    stops there).
+    """
     query_path = request.query.get("path", "")
     if request.content_type == "multipart/form-data":
         files = []
+        total = 0
         reader = await request.multipart()
         while (part := await reader.next()) is not None:
             if getattr(part, "name", None) != "file":
@@ -272,8 +304,9 @@ async def _uploads(request: web.Request) -> list[tuple[str, bytes]]:
             data = bytearray()
             while chunk := await part.read_chunk():  # type: ignore[union-attr]
                 data += chunk
-                if len(data) > MAX_UPLOAD_BYTES:
-                    raise ConnectError("resource_exhausted", "upload too large")
+                if total + len(data) > limit:
+                    raise _upload_too_large(limit)
+            total += len(data)
             name = wire.disposition_filename(part.headers.get("Content-Disposition", ""))
             files.append((query_path or name, bytes(data)))
         if not files:
@@ -281,17 +314,34 @@ async def _uploads(request: web.Request) -> list[tuple[str, bytes]]:
         return files
     if not query_path:
         raise ConnectError("invalid_argument", "an octet-stream upload needs ?path=")
-    body = await request.read()
-    if request.headers.get("Content-Encoding", "").lower() == "gzip" and body[:2] == b"\x1f\x8b":
-        body = gzip.decompress(body)  # in case the server stack left it compressed
-    return [(query_path, body)]
+    body = bytearray()
+    while chunk := await request.content.readany():
+        body += chunk
+        if len(body) > limit:
+            raise _upload_too_large(limit)
+    return [(query_path, bytes(body))]
+
+
+def _upload_too_large(limit: int) -> ConnectError:
+    return ConnectError(
+        "resource_exhausted",
+        f"the upload is over {limit} bytes, the gateway's bound (--max-upload-bytes); "
+        "send larger trees with Sandman's SDK (upload_tar)",
+    )
 
 
 async def health(request: web.Request) -> web.Response:
+    """Without ``E2b-Sandbox-Id``: the gateway's own health (204), which
+    needs no credential. With it: whether that sandbox's daemon answers (204,
+    else 502), only for the sandbox's access token; without it 401 whether
+    the sandbox exists or not, and no pod is looked up, no daemon called."""
     gw = request.app[GATEWAY]
-    sid = request.headers.get("E2b-Sandbox-Id", "")
-    if not sid:
-        return web.Response(status=502)
+    if not request.headers.get(SANDBOX_ID_HEADER, ""):
+        return web.Response(status=204)
+    try:
+        sid = gw.envd_sandbox(request.headers)
+    except ConnectError as e:
+        return _http_error(e)
     try:
         entry = await gw.entry(sid)
         await entry.sandbox.status()
@@ -301,6 +351,9 @@ async def health(request: web.Request) -> web.Response:
 
 
 def routes() -> list[web.RouteDef]:
+    def authenticate(request: web.Request) -> str:
+        return request.app[GATEWAY].authenticate_envd(request)
+
     process = connect_routes(
         "process.Process",
         unary={
@@ -311,6 +364,7 @@ def routes() -> list[web.RouteDef]:
         },
         streams={"Start": start, "Connect": connect},
         unimplemented=("Update", "StreamInput"),
+        authenticate=authenticate,
     )
     filesystem = connect_routes(
         "filesystem.Filesystem",
@@ -323,6 +377,7 @@ def routes() -> list[web.RouteDef]:
         },
         streams={},
         unimplemented=("WatchDir", "CreateWatcher", "GetWatcherEvents", "RemoveWatcher"),
+        authenticate=authenticate,
     )
     plain = [web.get("/files", files_get), web.post("/files", files_post),
              web.get("/health", health)]  # fmt: skip

@@ -13,6 +13,11 @@ by the ``E2b-Sandbox-Id`` header the SDK sends with each envd request.
 A sandbox id is the pod's name; the gateway acts only on pods labelled
 ``sandman.dev/e2b=true`` in its namespace, and keeps no state a restart
 would lose except the handles of running commands (docs/adapters.md).
+
+Anyone who reaches the port may send anything, so every route checks its
+credential from the headers before it reads a byte of the body (only
+``/health`` without a sandbox id answers without one), and a request refused
+before its body was read has its connection closed rather than drained.
 """
 
 from __future__ import annotations
@@ -21,18 +26,20 @@ import hashlib
 import hmac
 import logging
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
-from sandman.adapters.e2b.connect import ConnectError
+from sandman.adapters.e2b.connect import MAX_MESSAGE_BYTES, ConnectError
 from sandman.adapters.e2b.processes import ProcessTable
 from sandman.client import DaemonError, Sandbox, SandboxGone, SandboxStartError, SandmanClient
 from sandman.contract import LABEL_E2B, labels
 
 log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 API_KEY_HEADER = "X-API-KEY"
 ACCESS_TOKEN_HEADER = "X-Access-Token"
@@ -42,6 +49,11 @@ SANDBOX_ID_HEADER = "E2b-Sandbox-Id"
 FALLBACK_HOME = "/"
 # A pod name (a DNS subdomain): what an E2B sandbox id must be here.
 POD_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+# One file upload (``POST /files``), counted after the one decoding its
+# Content-Encoding asks for. Uploads are held whole before they go to the
+# daemon (the SDK's write_file takes bytes), so this bounds the gateway's
+# memory per upload; larger files go with the SDK's upload_tar.
+MAX_UPLOAD_BYTES = 512 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -52,6 +64,7 @@ class GatewayConfig:
     node_selector: Mapping[str, str] | None = None
     resources: Mapping[str, Any] | None = None
     startup_timeout_s: float = 300.0
+    max_upload_bytes: int = MAX_UPLOAD_BYTES
 
     def image_for(self, template: str) -> str:
         """The image of an E2B template: a mapped name, else the id itself if it
@@ -102,6 +115,10 @@ class Gateway:
 
     def api_key_ok(self, headers: Mapping[str, str]) -> bool:
         return hmac.compare_digest(headers.get(API_KEY_HEADER, "").encode(), self._key)
+
+    def authenticate_envd(self, request: web.Request) -> str:
+        """``envd_sandbox`` of a request: its headers only, nothing read."""
+        return self.envd_sandbox(request.headers)
 
     def envd_sandbox(self, headers: Mapping[str, str]) -> str:
         """The sandbox id of an envd request, its access token checked."""
@@ -159,11 +176,30 @@ class Gateway:
 GATEWAY = web.AppKey("gateway", Gateway)
 
 
+@web.middleware
+async def close_unread(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A request answered before its body was read (refused: no credential,
+    too large) gets its connection closed after the answer. Otherwise aiohttp
+    would read and discard the rest of the body for up to 10 s to keep the
+    connection alive, for anyone who sends one."""
+    resp = await handler(request)
+    if request.body_exists and not request.content.is_eof():
+        resp.force_close()  # Connection: close
+        if not resp.prepared:
+            await resp.prepare(request)
+        await resp.write_eof()
+        request.protocol.force_close()  # what was written is flushed, then closed
+    return resp
+
+
 def create_app(config: GatewayConfig, client: SandmanClient) -> web.Application:
     """The gateway's app; ``client`` must be open and outlive the app."""
     from sandman.adapters.e2b import api, envd
 
-    app = web.Application(client_max_size=envd.MAX_UPLOAD_BYTES)
+    # What ``request.read()``/``json()`` may hold (counted as it arrives,
+    # chunked or not): a control-plane document or an RPC message. Uploads
+    # count against ``max_upload_bytes`` as they stream (envd.py).
+    app = web.Application(client_max_size=MAX_MESSAGE_BYTES, middlewares=[close_unread])
     gateway = Gateway(config, client)
     app[GATEWAY] = gateway
 
