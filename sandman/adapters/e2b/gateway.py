@@ -182,7 +182,10 @@ async def close_unread(request: web.Request, handler: Handler) -> web.StreamResp
     too large) gets its connection closed after the answer. Otherwise aiohttp
     would read and discard the rest of the body for up to 10 s to keep the
     connection alive, for anyone who sends one."""
-    resp = await handler(request)
+    try:
+        resp = await handler(request)
+    except web.HTTPException as e:  # no such route (404, 405), raised by aiohttp's router
+        resp = web.Response(status=e.status, text=e.text, headers=e.headers)
     if request.body_exists and not request.content.is_eof():
         resp.force_close()  # Connection: close
         if not resp.prepared:
