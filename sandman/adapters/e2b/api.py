@@ -258,7 +258,7 @@ def _detail(gw: Gateway, pod: dict[str, Any], *, with_token: bool) -> dict[str, 
     name = pod["metadata"]["name"]
     try:
         metadata = json.loads(ann.get(ANN_E2B_METADATA) or "{}")
-    except ValueError:
+    except (ValueError, RecursionError):  # an annotation anyone with pod patch rights can edit
         metadata = {}
     limits = ((pod.get("spec") or {}).get("containers") or [{}])[0].get("resources", {})
     limits = limits.get("limits") or limits.get("requests") or {}

@@ -27,3 +27,15 @@ def test_timeouts_out_of_range_are_a_400(value: Any) -> None:
 
 def test_timeouts_in_range_pass() -> None:
     assert _timeout({}, 300) == 300 and _timeout({"timeout": MAX_TIMEOUT_S}, None) == MAX_TIMEOUT_S
+
+
+def test_metadata_annotation_nested_too_deep_is_no_metadata() -> None:
+    """The metadata annotation is editable by anyone who may patch the pod: a
+    document nested past the JSON parser's depth lists as no metadata, not a
+    500 for every Sandbox.list()."""
+    from sandman.adapters.e2b.api import _detail
+    from sandman.contract import ANN_E2B_METADATA
+
+    gw = Gateway(GatewayConfig(namespace="ns", api_key="k"), client=None)  # type: ignore[arg-type]
+    pod = {"metadata": {"name": "sb", "annotations": {ANN_E2B_METADATA: "[" * 100_000}}}
+    assert _detail(gw, pod, with_token=False)["metadata"] == {}
