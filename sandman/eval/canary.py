@@ -108,6 +108,14 @@ class NetworkCheck:
         self.record: dict[str, Any] = {"network": "not_checked"}
         self._done: Verdict | None = None
         self._running: asyncio.Future[Verdict] | None = None
+        self._failed: str | None = None  # why the last canary could not answer
+
+    def finish(self) -> None:
+        """At the run's end: an offline sandbox started but no canary ever
+        answered (every try failed: kwok nodes, a daemon never reachable) is
+        "could not run", not "not checked"."""
+        if self._done is None and self._failed is not None:
+            self._decide(-1, self._failed)
 
     def refusal(self) -> str | None:
         return self._done.refusal if self._done is not None else None
@@ -128,8 +136,19 @@ class NetworkCheck:
     async def _run(self, run: RunCanary) -> Verdict:
         try:
             code, out = await run()
+        except Exception as e:
+            why = f"{type(e).__name__}: {e}"
+            if not self.allow_unverified:
+                # The attempt fails as infrastructure and is retried; the
+                # next offline sandbox runs the canary again (see finish).
+                self._failed = why
+                raise
+            code, out = -1, why  # the flag: unverified, and the task goes on
         finally:
             self._running = None
+        return self._decide(code, out)
+
+    def _decide(self, code: int, out: str) -> Verdict:
         c = canary_of(code)
         detail = out.strip()[:500] or f"exit {code}"
         self._done = verdict(c, detail, self.allow_unverified)

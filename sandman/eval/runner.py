@@ -229,6 +229,7 @@ class EvalRun:
         text = render_text(summary, ordered)
         self.out.write_summary(summary, text)
         self.run_doc["finished_at"] = format_time(self.wall())
+        self.network.finish()
         if self.run_doc.get("network") is not None:
             self.run_doc["network"] = {**self.run_doc["network"], **self.network.record}
         self.out.write_run(self.run_doc)

@@ -8,16 +8,22 @@
   refused: a real registry (Debian's docker-registry on loopback) serves the
   tag, the run pins it, the tag is pushed anew, and the task is an
   infrastructure failure that no sandbox was created for.
+- An offline task whose sandbox starts where the network canary cannot run
+  (kwok nodes run no process, so nothing enforces NetworkPolicy either) makes
+  the run refuse; with --allow-unverified-network it records `unverified`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
+import dataclasses
 import datetime as dt
 import shutil
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -28,15 +34,16 @@ from kubernetes.client import CoreV1Api
 from sandman.bench.task_images import build_task_images
 from sandman.client import SandmanClient
 from sandman.contract import ANN_PROFILE, LABEL_SANDBOX, LABEL_STATE, STATE_IDLE
+from sandman.eval.canary import NetworkUnverified
 from sandman.eval.network import offline_policies
 from sandman.eval.results import ResultsDir
 from sandman.eval.runner import EvalRun, Hooks, Options
 from sandman.eval.spec import parse_spec
-from sandman.harness.cluster.kwok_nodes import on_kwok
+from sandman.harness.cluster.kwok_nodes import KWOK_TOLERATION, NODE_KIND_LABEL, on_kwok
 from sandman.harness.cluster.local import LocalCluster
 from sandman.harness.cluster.process import ManagedProcess, wait_until
 from sandman.harness.kube import raw
-from sandman.harness.testing import free_port
+from sandman.harness.testing import free_port, wait_for
 from sandman.kube_async import JSON_PATCH, PODS, ApiError, KubeClient
 from sandman.pools.claim import claim_patch
 from sandman.registry import RegistryClient
@@ -175,3 +182,83 @@ async def test_a_tag_that_moves_after_resolution_is_refused(
     assert sorted(run["network"]["created"]) == sorted(
         p["metadata"]["name"] for p in offline_policies()
     )
+
+
+POLICY_LABEL = "sandman.dev/policy-test"
+RULE = "test-eval-kwok"
+
+
+@contextmanager
+def kwok_eval_policy(
+    cluster: LocalCluster, core: CoreV1Api, namespace: str, registry: str
+) -> Iterator[None]:
+    """A rule for the test's namespace whose eval profile places sandboxes on kwok nodes."""
+    handle = cluster.deployment.policy  # type: ignore[union-attr]
+    original = handle.read()
+    doc = yaml.safe_load(original)
+    rules = doc.get("rules") or []
+    rule = copy.deepcopy(next((r for r in rules if "namespaceSelector" not in r), rules[-1]))
+    rule["name"] = RULE
+    rule["namespaceSelector"] = {"matchLabels": {POLICY_LABEL: "eval-kwok"}}
+    rule["allowedRegistries"] = [*rule.get("allowedRegistries", []), f"{registry}/*"]
+    profile = rule.setdefault("profiles", {}).setdefault("eval", {})
+    profile["nodeSelector"] = {NODE_KIND_LABEL: "kwok"}
+    profile["tolerations"] = [KWOK_TOLERATION]
+    doc["rules"] = [rule, *[r for r in rules if r.get("name") != RULE]]
+    handle.write(yaml.safe_dump(doc, sort_keys=False))
+    core.patch_namespace(namespace, {"metadata": {"labels": {POLICY_LABEL: "eval-kwok"}}})
+    probe = {
+        "metadata": {"generateName": "probe-", "labels": {LABEL_SANDBOX: "true"},
+                     "annotations": {ANN_PROFILE: "eval"}},
+        "spec": {"containers": [{"name": "main", "image": "127.0.0.1:5000/sandman/tiny:1",
+                                 "command": ["true"],
+                                 "resources": {"limits": {"cpu": "100m", "memory": "64Mi"}}}]},
+    }  # fmt: skip
+
+    def selected() -> bool:  # the webhook learns namespace labels by watch
+        try:
+            got = raw(core.create_namespaced_pod(namespace, probe, dry_run="All",
+                                                 _preload_content=False))  # fmt: skip
+        except Exception:
+            return False
+        return bool(got["spec"].get("nodeSelector", {}).get(NODE_KIND_LABEL) == "kwok")
+
+    try:
+        wait_for(selected, timeout=60, what="eval sandboxes admitted onto kwok nodes")
+        yield
+    finally:
+        handle.write(original)
+
+
+async def test_offline_tasks_where_the_canary_cannot_run_refuse_the_run(
+    cluster: LocalCluster, core: CoreV1Api, namespace: str, registry: str, tmp_path: Path
+) -> None:
+    (ref,) = await asyncio.to_thread(build_task_images, registry, ["offline"], layer_mb=0.01)
+    text = yaml.safe_dump({"tasks": [{"id": "offline", "image": ref, "test": {"command": "true"}}]})
+    spec = parse_spec(text.encode(), name="offline", jsonl=False)
+    opts = Options(namespace=namespace, attempts=1, start_timeout_s=120)
+    with kwok_eval_policy(cluster, core, namespace, registry):
+        # Through the apiserver: kwok pods have no daemon to ask, only Ready counts.
+        async with (
+            SandmanClient(kubeconfig=cluster.kubeconfig, namespace=namespace,
+                          transport="proxy") as client,
+            RegistryClient() as rc,
+        ):  # fmt: skip
+            refused = ResultsDir(tmp_path / "refused")
+            with pytest.raises(NetworkUnverified) as e:
+                await EvalRun(client, spec, refused, opts, registry=rc).run()
+            # What was tried, what it means, how to fix it.
+            assert "could not run in the offline sandbox" in str(e.value)
+            assert "enforces NetworkPolicy" in str(e.value)
+            assert "--allow-unverified-network" in str(e.value)
+            net = refused.load_run()["network"]
+            assert net["network"] == "unverified" and net["canary"] == "not_run", net
+            (rec,) = refused.records().values()
+            assert rec["status"] == "infra_failed" and rec["score"] is None, rec
+
+            allowed = ResultsDir(tmp_path / "allowed")
+            flagged = dataclasses.replace(opts, allow_unverified_network=True)
+            result = await EvalRun(client, spec, allowed, flagged, registry=rc).run()
+            net = allowed.load_run()["network"]
+            assert net["network"] == "unverified" and net["canary"] == "not_run", net
+            assert result.run["network"]["network"] == "unverified"

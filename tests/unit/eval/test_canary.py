@@ -116,3 +116,29 @@ def test_the_canary_connects_where_a_path_is_open_and_fails_where_not() -> None:
     closed = _canary({"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(port)})
     assert closed.returncode == 1 and "blocked" in closed.stdout
     assert _canary({}).returncode == 3
+
+
+async def test_a_canary_that_never_answers_is_not_run_at_the_end_of_the_run() -> None:
+    async def unreachable() -> tuple[int, str]:
+        raise OSError("no route to the daemon")
+
+    # Without the flag: each try fails its attempt (retried as infrastructure);
+    # at the end, an offline sandbox started but nothing answered: refused.
+    check = NetworkCheck(allow_unverified=False)
+    for _ in range(2):
+        with pytest.raises(OSError):
+            await check.verify(unreachable)
+    check.finish()
+    assert check.record["network"] == "unverified" and check.record["canary"] == "not_run"
+    assert "no route to the daemon" in check.record["detail"]
+    with pytest.raises(NetworkUnverified, match="could not run"):
+        check.raise_if_refused()
+    # With it: unverified at once, and the attempt goes on.
+    check = NetworkCheck(allow_unverified=True)
+    assert await check.verify(unreachable) == Verdict("unverified", None)
+    assert check.record["canary"] == "not_run"
+    # No offline sandbox ever started: nothing to claim, nothing refused.
+    check = NetworkCheck(allow_unverified=False)
+    check.finish()
+    check.raise_if_refused()
+    assert check.record == {"network": "not_checked"}
