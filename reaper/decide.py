@@ -30,6 +30,7 @@ from sandman.contract import (
     ANN_EXIT_WITH_COMMAND,
     ANN_EXPIRES_AT,
     ANN_IDLE_TIMEOUT,
+    LABEL_CLAIM,
     LABEL_STATE,
     REASON_EXITED,
     REASON_IDLE,
@@ -99,7 +100,15 @@ def controller_of(pod: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def is_idle_pool_pod(pod: dict[str, Any]) -> bool:
-    return labels(pod).get(LABEL_STATE) == STATE_IDLE and controller_of(pod) is not None
+    """A warm pod waiting in its pool. A held pod (``claim`` label, a two-phase
+    claim on its way out) is not: the hold gave it a lease of its own, and
+    exempting it would let a user hold a pod and never leave to keep it forever."""
+    lbl = labels(pod)
+    return (
+        lbl.get(LABEL_STATE) == STATE_IDLE
+        and not lbl.get(LABEL_CLAIM)
+        and controller_of(pod) is not None
+    )
 
 
 def _time(value: str | None) -> dt.datetime | None:

@@ -8,6 +8,7 @@ from typing import Any
 from sandman.contract import (
     ANN_EXPIRES_AT,
     ANN_IDLE_TIMEOUT,
+    LABEL_CLAIM,
     LABEL_SANDBOX,
     LABEL_STATE,
     REASON_EXITED,
@@ -136,6 +137,15 @@ def test_idle_pool_pods_are_exempt_from_lease_and_idleness() -> None:
     # A claimed pool pod (state changed, released by the ReplicaSet) is a sandbox like any.
     claimed = pod(labels={LABEL_STATE: "claimed"}, expires="2026-11-30T12:01:00Z")
     assert decide(claimed, far, LIMITS).reason == REASON_LEASE_EXPIRED
+    # A held pool pod (two-phase claim: still idle and owned, claim=held) got a
+    # lease at the hold; it is not exempt, or holding and never leaving would
+    # keep it past that lease.
+    held = pod(
+        owner=RS,
+        labels={LABEL_STATE: "idle", LABEL_CLAIM: "held"},
+        expires="2026-11-30T12:01:00Z",
+    )
+    assert decide(held, far, LIMITS).reason == REASON_LEASE_EXPIRED
 
 
 def test_terminating_pods_are_left_alone() -> None:
