@@ -42,6 +42,8 @@ from tests.e2e.test_sandbox import call
 LOCAL_POLICIES = MANIFESTS / "overlays" / "local" / "sandbox-namespace"
 MONITORING_POLICY = MANIFESTS / "monitoring" / "networkpolicy.yaml"
 NODE_PEER = {"ipBlock": {"cidr": "10.244.0.1/32"}}  # the local overlay's node peer
+# ...in a rule of its own, on the node's registry port only.
+NODE_RULE = {"to": [NODE_PEER], "ports": [{"protocol": "TCP", "port": 5000}]}
 NET_RAW = 13  # capabilities(7): CAP_NET_RAW
 # The node's read-only registry on the bridge: an address a pod can reach
 # that is not a pod (a stand-in for 169.254.169.254, which nothing serves here).
@@ -162,7 +164,7 @@ def test_sandboxes_cannot_reach_each_other_but_the_namespace_client_can(
     # local overlay's peer for the node, which it is, is gone).
     assert answered(_run(b, token_b, to_stand_in))
     blocked = copy.deepcopy(policies["sandman-sandboxes-egress"])
-    blocked["spec"]["egress"][0]["to"].remove(NODE_PEER)
+    blocked["spec"]["egress"].remove(NODE_RULE)
     for peer in blocked["spec"]["egress"][0]["to"]:
         block = peer.get("ipBlock") or {}
         if block.get("cidr") == "0.0.0.0/0":
@@ -258,6 +260,7 @@ def test_sandboxes_reach_neither_sandmans_components_nor_kube_system_but_dns(
         webhooks = _pod_ips(core, NAMESPACE, "app.kubernetes.io/name=sandman-webhook")
         extenders = _pod_ips(core, NAMESPACE, "app.kubernetes.io/name=sandman-scheduler")
         dns_pods = _pod_ips(core, "kube-system", "k8s-app=kube-dns")
+        apiserver_svc = core.read_namespaced_service("kubernetes", "default").spec.cluster_ip
         targets = [
             ("webhook Service", webhook_svc, 443),
             *(("webhook pod", ip, 8443) for ip in webhooks),
@@ -265,6 +268,11 @@ def test_sandboxes_reach_neither_sandmans_components_nor_kube_system_but_dns(
             ("reaper port (stand-in)", reaper_ip, 8080),
             ("kube-system pod (stand-in)", system_ip, 8080),
             *(("CoreDNS metrics", ip, 9153) for ip in dns_pods),
+            # The control plane: the apiserver by its Service and on the node,
+            # the kubelet on the node.
+            ("apiserver Service", apiserver_svc, 443),
+            ("apiserver", STAND_IN, cluster.config.ports.apiserver),
+            ("kubelet", STAND_IN, 10250),
         ]
         kinds = {what for what, _, _ in targets}
         assert {"webhook pod", "extender pod", "CoreDNS metrics"} <= kinds, targets

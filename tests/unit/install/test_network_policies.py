@@ -169,8 +169,12 @@ def local() -> list[dict[str, Any]]:
         (ip("10.96.0.77"), 443, "TCP", False),
         # Other namespaces' pods: their own policies decide.
         (CLIENT, 8080, "TCP", True),
-        # The node (apiserver, registry) and the internet: yes.
+        # The node: its registry yes; the apiserver and the kubelet (the
+        # control plane) no.
         (ip(NODE), 5000, "TCP", True),
+        (ip(NODE), 16443, "TCP", False),
+        (ip(NODE), 10250, "TCP", False),
+        # The internet: yes.
         (ip("93.184.216.34"), 443, "TCP", True),
         # Metadata services, Azure's WireServer among them: no.
         (ip("169.254.169.254"), 80, "TCP", False),
