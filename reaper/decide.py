@@ -40,6 +40,7 @@ from sandman.contract import (
     STATE_IDLE,
     ContractError,
     annotations,
+    controller_of,
     labels,
     parse_duration,
     parse_time,
@@ -90,13 +91,6 @@ class Decision:
     delete: bool = False  # False: report (Event) only
     next_check: dt.datetime | None = None
     deadline: dt.datetime | None = None  # when it became due (for latency metrics)
-
-
-def controller_of(pod: dict[str, Any]) -> dict[str, Any] | None:
-    for ref in (pod.get("metadata") or {}).get("ownerReferences") or []:
-        if ref.get("controller"):
-            return ref
-    return None
 
 
 def is_idle_pool_pod(pod: dict[str, Any]) -> bool:

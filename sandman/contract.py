@@ -239,6 +239,14 @@ def labels(pod: dict[str, Any]) -> dict[str, str]:
     return (pod.get("metadata") or {}).get("labels") or {}
 
 
+def controller_of(pod: dict[str, Any]) -> dict[str, Any] | None:
+    """The pod's controlling owner reference (a pool's ReplicaSet, a Job), or None."""
+    for ref in (pod.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller"):
+            return dict(ref)
+    return None
+
+
 def is_token_hash(value: str) -> bool:
     return len(value) == 64 and all(c in "0123456789abcdef" for c in value)
 

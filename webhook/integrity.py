@@ -37,6 +37,7 @@ from sandman.contract import (
     DAEMON_VOLUME,
     LABEL_STATE,
     STATE_IDLE,
+    controller_of,
     labels,
 )
 from sandman.webhook.confinement import capability
@@ -260,20 +261,13 @@ def dedicated_nodes(s: Subject) -> Iterator[Violation]:
 
 
 # -- pool-state ------------------------------------------------------------------------
-def controller_ref(pod: dict[str, Any]) -> dict[str, Any] | None:
-    for ref in (pod.get("metadata") or {}).get("ownerReferences") or []:
-        if ref.get("controller"):
-            return dict(ref)
-    return None
-
-
 def pool_state(s: Subject) -> Iterator[Violation]:
     """An idle pod owned by something other than a ReplicaSet would be exempt
     from its lease (reaper/decide.py ``is_idle_pool_pod``) without any pool
     behind it."""
     if labels(s.pod).get(LABEL_STATE) != STATE_IDLE:
         return
-    ref = controller_ref(s.pod)
+    ref = controller_of(s.pod)
     if ref is not None and ref.get("kind") != "ReplicaSet":
         yield Violation(
             "pool-state",

@@ -320,8 +320,9 @@ def mutate(
     # policy does not grant (webhook/hardening.py), before ops shift indices.
     pod = strip_injection(pod, m.patch)
     # The user's own mounts, before ours exist: nothing over the daemon's tree.
-    for where in daemon_dir_mounts(pod.get("spec") or {}):
-        v = daemon_dir_violation(*where)
+    shadowing = next(daemon_dir_mounts(pod.get("spec") or {}), None)
+    if shadowing is not None:
+        v = daemon_dir_violation(*shadowing)
         raise MutationError(f"sandman policy {rule.name!r}: {v.text()}", rule="daemon-dir")
     m.patch += capability_ops(pod, rule)
     ann = annotations(pod)

@@ -42,6 +42,7 @@ from sandman.contract import (
     STATE_IDLE,
     ContractError,
     annotations,
+    controller_of,
     format_duration,
     format_time,
     is_sandbox,
@@ -49,7 +50,6 @@ from sandman.contract import (
     parse_time,
 )
 from sandman.webhook.checks import check
-from sandman.webhook.integrity import controller_ref
 from sandman.webhook.policy import RuleSet, Violation
 
 HARD_RULES = frozenset(
@@ -172,8 +172,8 @@ def _pool_state(old: dict[str, Any], new: dict[str, Any]) -> Iterator[Violation]
             fix,
         )
         return
-    ref = controller_ref(new)
-    if ref is not None and ref != controller_ref(old):
+    ref = controller_of(new)
+    if ref is not None and ref != controller_of(old):
         yield Violation(
             "pool-state",
             f"a pod labelled {LABEL_STATE}={STATE_IDLE} cannot get a new controller "
