@@ -24,6 +24,7 @@ BENCHMARKS = {
     "density": "sandman.bench.density",
     "scale": "sandman.bench.scale",
     "memory": "sandman.bench.scale_memory",
+    "peer": "sandman.bench.peer",
 }
 
 
