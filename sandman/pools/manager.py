@@ -26,6 +26,7 @@ from typing import Any
 
 from sandman.clock import utc_now
 from sandman.contract import (
+    LABEL_CLAIM,
     LABEL_POOL,
     LABEL_STATE,
     REASON_POOL_FAILING,
@@ -135,6 +136,9 @@ class PoolManager:
         # Pods by pool, kept by the informer's handler: health and claims look
         # at one pool on every pod event, not at every pool pod of the namespace.
         self._by_pool: dict[str, dict[str, dict[str, Any]]] = {}
+        # UIDs this manager's claims are trying or won (``claim(reserved=)``):
+        # concurrent claims take different pods instead of racing each other.
+        self._claiming: set[str] = set()
         self._started = format_time(utc_now())
         self._informer = Informer(
             kube, PODS, self._pod_event, namespace=namespace, label_selector=LABEL_POOL
@@ -295,6 +299,7 @@ class PoolManager:
                     candidates=self.pods(pool),
                     ready_only=ready_only,
                     leave=not two_phase,
+                    reserved=self._claiming,
                 )
                 break
             except NoIdlePod:
@@ -518,6 +523,9 @@ class PoolManager:
             members.pop(md["name"], None)
         else:
             members[md["name"]] = pod
+        labels = md.get("labels") or {}
+        if kind == "DELETED" or labels.get(LABEL_STATE) != STATE_IDLE or labels.get(LABEL_CLAIM):
+            self._claiming.discard(md["uid"])  # the cache has caught up with the claim
         if kind == "ADDED" and md["uid"] not in self._seen:
             self._seen.add(md["uid"])
             if pool in self._pools and md.get("creationTimestamp", "") >= self._started:

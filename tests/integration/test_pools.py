@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import random
 import time
 from collections.abc import AsyncIterator, Awaitable
+from typing import Any
 
 import pytest
 
@@ -105,6 +107,37 @@ async def test_concurrent_claims_never_share_a_pod_and_the_pool_refills(
     await async_wait_for(no_idle, what="the pool's idle pods deleted with it")
     for name in names:
         assert not (await kube.get(PODS, name, namespace))["metadata"].get("deletionTimestamp")
+
+
+async def test_claims_of_one_process_sharing_reservations_never_race_each_other(
+    kube: KubeClient, namespace: str
+) -> None:
+    # Sixteen claims at once on sixteen candidates from one list: without the
+    # shared reservations they pick the same pods (random picks collide) and
+    # each collision costs a lost patch; with them every claim wins first time.
+    spec = kwok_pool("share", size=16)
+    await kube.create(REPLICASETS, spec.replicaset(), namespace)
+    await wait_idle(kube, namespace, "share", 16)
+    candidates = await idle_ready(kube, namespace, "share")
+    reserved: set[str] = set()
+
+    def one(i: int) -> Awaitable[Any]:
+        return claim(
+            kube, namespace, "share", claimer=f"t{i}", ttl=dt.timedelta(minutes=10),
+            candidates=candidates, ready_only=True, rng=random.Random(i), reserved=reserved,
+        )  # fmt: skip
+
+    results = await asyncio.gather(*(one(i) for i in range(16)))
+    assert len({r.pod["metadata"]["name"] for r in results}) == 16
+    assert [r.conflicts for r in results] == [0] * 16
+    # Won pods stay reserved until their owner's cache shows them claimed.
+    assert reserved == {r.pod["metadata"]["uid"] for r in results}
+    # A seventeenth finds nothing left to try on that list and says so.
+    with pytest.raises(NoIdlePod):
+        await claim(
+            kube, namespace, "share", claimer="late", ttl=dt.timedelta(minutes=10),
+            candidates=candidates, ready_only=True, reserved=reserved,
+        )  # fmt: skip
 
 
 async def _all_positive(values: Awaitable[list[int]]) -> list[int] | None:
