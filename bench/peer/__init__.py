@@ -504,7 +504,8 @@ async def _pools_gone(side: Side, timeout_s: float = 300) -> None:
 
 # -- burst on kwok nodes -------------------------------------------------------------
 async def _kwok_nodes(kube: Any, count: int, pods_total: int, ns: str) -> list[str]:
-    per_node = max(110, -(-pods_total * 2 // max(1, count)))
+    # Room for both pools, their refills and the claimed pods at once.
+    per_node = max(110, -(-pods_total * 5 // max(1, count)))
     shape = KwokNodeShape(cpu="1000", memory="4Ti", pods=per_node)
     names = [f"kwok-peer-{ns[-6:]}-{i}" for i in range(count)]
     for n in names:
