@@ -8,6 +8,13 @@ when each pod disappears; latency = disappearance - its expires-at annotation
 pods with leases long past, and sandboxes whose leases end after the run,
 must all survive. API requests per reclaimed sandbox come from the reaper's
 own request counters.
+
+A cluster that runs Sandman's own reaper (`make up`: the sandman-reaper
+Deployment, leader-elected, watching every namespace) would race the bench's:
+each reclaims part of the sandboxes and counts only its part, so the bench's
+reaper never counts them all and its latencies are half someone else's. That
+reaper is paused for the run (scaled to 0, or its host process stopped) and
+brought back afterwards.
 """
 
 from __future__ import annotations
@@ -18,21 +25,25 @@ import contextlib
 import datetime as dt
 import json
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from kubernetes import watch
-from kubernetes.client import CoreV1Api
+from kubernetes.client import AppsV1Api, CoreV1Api
 
 from sandman.bench.report import percentile, table
-from sandman.contract import ANN_EXPIRES_AT, ANN_TTL, LABEL_SANDBOX
+from sandman.contract import ANN_EXPIRES_AT, ANN_TTL, LABEL_SANDBOX, NAMESPACE
 from sandman.harness.cluster import reaper as reaper_proc
-from sandman.harness.cluster.config import KwokNodeShape
+from sandman.harness.cluster.config import ClusterConfig, KwokNodeShape
+from sandman.harness.cluster.incluster import REAPER
 from sandman.harness.cluster.kwok_nodes import KWOK_IMAGE, KWOK_TOLERATION, kwok_node
+from sandman.harness.cluster.local import LocalCluster
 from sandman.harness.kube import api_client
 from sandman.harness.testing import bench_bed, free_port, wait_for
 
@@ -136,7 +147,7 @@ class DeletionWatch:
 
 
 def _start_reaper(
-    kubeconfig: Path, ns: str, port: int, delete_qps: float, workers: int | None
+    kubeconfig: Path, ns: str, port: int, delete_qps: float, workers: int | None, log: Path
 ) -> subprocess.Popen:
     # --extension-grace=0: a host process cannot resolve an in-cluster
     # webhook's Service, would take the webhook for down and hold every lease.
@@ -148,11 +159,63 @@ def _start_reaper(
     ]
     if workers is not None:
         extra.append(f"--workers={workers}")
-    return subprocess.Popen(
-        reaper_proc.serve_argv(port, kubeconfig, extra=extra),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    with open(log, "ab") as out:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(
+            reaper_proc.serve_argv(port, kubeconfig, extra=extra),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def competing_reaper(config: ClusterConfig) -> str | None:
+    """How the cluster runs a reaper of its own that also reclaims the bench's
+    sandboxes ("in-cluster", "host"), or None. Test clusters run none."""
+    if not config.deploy_reaper:
+        return None
+    return config.sandman_mode
+
+
+# Seconds for the deployed reaper's pods to go away when scaled to 0 (their
+# grace period is the default 30 s).
+PAUSE_TIMEOUT_S = 90.0
+
+
+@contextlib.contextmanager
+def cluster_reaper_paused(cluster: LocalCluster) -> Iterator[None]:
+    """The cluster's own reaper stopped for the block: the bench measures its
+    reaper alone (two reapers split the reclaims, and each counts its part)."""
+    mode = competing_reaper(cluster.config)
+    if mode is None:
+        yield
+        return
+    print(f"pausing the cluster's {mode} reaper for the run", flush=True)
+    if mode == "host":
+        procs = [p for p in cluster.processes() if p.name == REAPER]
+        for proc in procs:
+            proc.stop()
+        try:
+            yield
+        finally:
+            for proc in procs:
+                proc.start()
+        return
+    apps = AppsV1Api(api_client(cluster.kubeconfig))
+    core = CoreV1Api(api_client(cluster.kubeconfig))
+    replicas = apps.read_namespaced_deployment_scale(REAPER, NAMESPACE).spec.replicas
+    apps.patch_namespaced_deployment_scale(REAPER, NAMESPACE, {"spec": {"replicas": 0}})
+    try:
+        wait_for(
+            lambda: (
+                not core.list_namespaced_pod(
+                    NAMESPACE, label_selector=f"app.kubernetes.io/name={REAPER}"
+                ).items
+            ),
+            timeout=PAUSE_TIMEOUT_S,
+            what=f"{NAMESPACE}/{REAPER} scaled to 0",
+        )
+        yield
+    finally:
+        apps.patch_namespaced_deployment_scale(REAPER, NAMESPACE, {"spec": {"replicas": replicas}})
 
 
 def _stop_reaper(proc: subprocess.Popen) -> None:
@@ -277,7 +340,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     shape = KwokNodeShape(cpu="1000", memory="4Ti", pods=per_node + 100)
     reaper = None
     deletions = DeletionWatch(core, ns)
+    paused = contextlib.ExitStack()
     try:
+        paused.enter_context(cluster_reaper_paused(cluster))
         core.create_namespace({"metadata": {"name": ns}})
         for n in nodes:
             core.create_node(kwok_node(n, shape, labels={"bench": "reaper"}))
@@ -285,7 +350,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         deletions.listed.wait(60)
         # The reaper runs throughout, as in production.
         port = free_port()
-        reaper = _start_reaper(cluster.kubeconfig, ns, port, args.delete_qps, args.workers)
+        log = Path(tempfile.gettempdir()) / f"{ns}-reaper.log"
+        print(f"reaper log: {log}, metrics: {reaper_proc.url(port, '/metrics')}", flush=True)
+        reaper = _start_reaper(cluster.kubeconfig, ns, port, args.delete_qps, args.workers, log)
         t0 = time.time()
         names = _create_pods(core, ns, nodes, args)
         created_in = time.time() - t0
@@ -307,6 +374,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for n in nodes:
             with contextlib.suppress(Exception):
                 core.delete_node(n)
+        paused.close()
         bed.close()
     results = summarize(args, deletions.gone_at, expires, m, created_in)
     late = sum(1 for x in _latencies(deletions.gone_at, expires) if x > 2)
