@@ -386,6 +386,7 @@ class LocalCluster:
                 stopped += LocalDeployment(self.config, self.layout, "", self._progress).down()
             stopped += self.real_node.down() if self.real_node else []
             stopped += [p.name for p in reversed(self._control_plane()) if p.stop()]
+            stopped += self._stop_unlisted()
             if purge:
                 for child in self.config.state_dir.iterdir():
                     if child.name == ".lock":
@@ -397,6 +398,16 @@ class LocalCluster:
         if purge:
             shutil.rmtree(self.config.state_dir, ignore_errors=True)
         return stopped
+
+    def _stop_unlisted(self) -> list[str]:
+        """Processes with a pid file in this cluster's run dir that the lists
+        above do not name (started under another config, e.g. with the reaper
+        deployed): they are this cluster's, and purging would orphan them."""
+        run = self.layout.run
+        if not run.is_dir():
+            return []
+        pid_files = sorted(run.glob("*.pid"))
+        return [f.stem for f in pid_files if ManagedProcess(f.stem, (), run, run).stop()]
 
     def status(self) -> ClusterStatus:
         checks = self._health_checks()

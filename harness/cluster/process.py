@@ -14,8 +14,9 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,7 +99,7 @@ class ManagedProcess:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ if self.env is None else self.env)
-        with open(self.log_file, "ab") as log:
+        with _signals_deferred(), open(self.log_file, "ab") as log:
             log.write(f"\n=== {time.strftime('%FT%T')} start: {' '.join(self.argv)}\n".encode())
             log.flush()
             proc = subprocess.Popen(
@@ -111,21 +112,21 @@ class ManagedProcess:
                 env=env,
                 cwd=self.cwd,
             )
-        start_time = None
-        for _ in range(100):
-            start_time = _proc_start_time(proc.pid)
-            if start_time is not None:
-                break
-            if proc.poll() is not None:
-                break
-            time.sleep(0.01)
-        if start_time is None:
-            raise ComponentFailed(self, f"exited immediately with code {proc.poll()}")
-        tmp = self.pid_file.with_suffix(".tmp")
-        tmp.write_text(
-            json.dumps({"pid": proc.pid, "start_time": start_time, "argv": list(self.argv)})
-        )
-        tmp.replace(self.pid_file)
+            start_time = None
+            for _ in range(100):
+                start_time = _proc_start_time(proc.pid)
+                if start_time is not None:
+                    break
+                if proc.poll() is not None:
+                    break
+                time.sleep(0.01)
+            if start_time is None:
+                raise ComponentFailed(self, f"exited immediately with code {proc.poll()}")
+            tmp = self.pid_file.with_suffix(".tmp")
+            tmp.write_text(
+                json.dumps({"pid": proc.pid, "start_time": start_time, "argv": list(self.argv)})
+            )
+            tmp.replace(self.pid_file)
         return proc.pid
 
     def stop(self) -> bool:
@@ -157,6 +158,32 @@ class ManagedProcess:
         except FileNotFoundError:
             return "(no log)"
         return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold SIGTERM/SIGINT until the block ends, then deliver them.
+
+    A caller that turns a signal into an exception (`sandman bench`) would
+    otherwise raise it between the fork and the pid file: the component runs
+    on, detached, and no pid file names it for ``stop``. Only the main thread
+    runs signal handlers, so elsewhere there is nothing to hold.
+    """
+    sigs = (signal.SIGTERM, signal.SIGINT)
+    # getsignal is None for a handler not set from Python: it could not be put back.
+    foreign = any(signal.getsignal(s) is None for s in sigs)
+    if threading.current_thread() is not threading.main_thread() or foreign:
+        yield
+        return
+    held: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, _frame: held.append(signum)) for s in sigs}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        for s in held:
+            signal.raise_signal(s)
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
