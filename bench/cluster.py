@@ -20,6 +20,7 @@ from kubernetes import watch
 from kubernetes.client import CoreV1Api
 
 from sandman.bench.report import percentile, table
+from sandman.harness.cluster import running
 from sandman.harness.cluster.config import ClusterConfig, Ports
 from sandman.harness.cluster.kwok_nodes import KWOK_IMAGE, on_kwok
 from sandman.harness.cluster.local import LocalCluster
@@ -33,6 +34,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    running.check_may_start_cluster()  # another cluster's load would be measured too
     with tempfile.TemporaryDirectory(prefix="sandman-bench-cluster-") as tmp:
         cfg = dataclasses.replace(
             ClusterConfig(state_dir=Path(tmp) / "state"),

@@ -30,11 +30,21 @@ def table(title: str, rows: Sequence[tuple[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def write_json(path: Path, name: str, results: dict[str, Any]) -> None:
+def write_json(
+    path: Path,
+    name: str,
+    results: dict[str, Any],
+    *,
+    conditions: dict[str, Any] | None = None,
+) -> None:
+    """``conditions``: the machine's load average and the clusters running at
+    the benchmark's start and end (`sandman bench` passes them), so a figure is
+    read with how busy the machine was."""
     doc = {
         "benchmark": name,
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        **({"conditions": conditions} if conditions is not None else {}),
         **results,
     }
     path.parent.mkdir(parents=True, exist_ok=True)

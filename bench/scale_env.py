@@ -39,6 +39,7 @@ from sandman.bench.scale_metrics import (
 from sandman.bench.scale_watch import WatchProcess
 from sandman.contract import LABEL_BENCH, NAMESPACE
 from sandman.harness.cluster import reaper as reaper_proc
+from sandman.harness.cluster import running
 from sandman.harness.cluster.config import ClusterConfig, KwokNodeShape, Ports, RealNodeConfig
 from sandman.harness.cluster.kwok_nodes import is_ready, kwok_node
 from sandman.harness.cluster.local import LocalCluster
@@ -295,6 +296,7 @@ def open_cluster(state_dir: Path | None, host_components: bool) -> tuple[LocalCl
         if not cluster.status().running:
             raise RuntimeError(f"the cluster at {state_dir} is not running")
         return cluster, False
+    running.check_may_start_cluster()  # another cluster's load would be measured too
     state = Path(tempfile.mkdtemp(prefix="sandman-bench-scale-"))
     no_real = "host components asked for" if host_components else None
     no_real = no_real or real_node_reason_for_new_cluster(state)

@@ -28,7 +28,7 @@ from kubernetes.client import CoreV1Api
 
 from sandman.client.startup import ready
 from sandman.contract import PREFIX
-from sandman.harness.cluster import claim
+from sandman.harness.cluster import claim, running
 from sandman.harness.cluster.config import ClusterConfig, Ports, RealNodeConfig, default_state_dir
 from sandman.harness.cluster.hostsetup import (
     bridge_exists,
@@ -154,7 +154,8 @@ def start_test_cluster(kwok_nodes: int = 3) -> ClusterBed:
 
 def bench_bed(*, need_real_node: bool, kwok_nodes: int = 3) -> ClusterBed:
     """A cluster for a benchmark: the one named by SANDMAN_TEST_CLUSTER, else the
-    default (`make up`) cluster when it runs and fits, else a private one."""
+    default (`make up`) cluster when it runs and fits, else a private one (not
+    beside other running clusters unless allowed: harness/cluster/running.py)."""
     if not os.environ.get(REUSE_ENV):
         default = default_state_dir()
         if ClusterConfig.load(default) is not None:
@@ -162,6 +163,8 @@ def bench_bed(*, need_real_node: bool, kwok_nodes: int = 3) -> ClusterBed:
             fits = cluster.real_node is not None or not need_real_node
             if fits and cluster.status().running:
                 return ClusterBed(cluster, owned=False)
+        # A private cluster beside running ones would measure their load too.
+        running.check_may_start_cluster()
     bed = start_test_cluster(kwok_nodes)
     if need_real_node and bed.no_real_node:
         bed.close()
