@@ -131,7 +131,9 @@ def test_claim_and_pool_shapes_follow_the_v1beta1_types() -> None:
         "sandboxTemplateRef": {"name": "t"},
     }
     tpl = objects.pod_template("img", ["sleep", "1"], node_selector={"k": "v"})
-    assert tpl["spec"]["containers"] == [{"name": "main", "image": "img", "command": ["sleep", "1"]}]
+    assert tpl["spec"]["containers"] == [
+        {"name": "main", "image": "img", "command": ["sleep", "1"]}
+    ]
     assert tpl["spec"]["nodeSelector"] == {"k": "v"}
 
 
