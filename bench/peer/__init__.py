@@ -54,6 +54,7 @@ from sandman.bench.peer.rows import (
     peer_cold,
     peer_template,
     pools_full,
+    settle,
     summary,
 )
 from sandman.bench.peer.watch import ReadyLog
@@ -349,6 +350,7 @@ async def _costed(
     """``n`` lifecycles at once (create -> Ready -> first command -> delete -> gone),
     their cost added to ``ledger``. The cost is one system's alone: nothing of
     the other is in flight."""
+    await settle()
     pids = resolve()
     polls0 = sum(side.observer.requests.values())
     req0 = await apiserver_counts(side.kube)
@@ -437,6 +439,7 @@ async def _composed(side: Side, args: argparse.Namespace) -> list[Row]:
     for r in range(args.cold_rounds_1):
         order = ["ours", "peer"] if r % 2 == 0 else ["peer", "ours"]
         for name in order:
+            await settle()
             got[name].append(await peer_cold(side, sandman_label=(name == "ours")))
             await clear(side)
     print(
@@ -466,6 +469,7 @@ async def _warm(side: Side, args: argparse.Namespace) -> list[Row]:
                 order = ["ours", "peer"] if r % 2 == 0 else ["peer", "ours"]
                 for name in order:
                     candidates = await pools_full(side, size)
+                    await settle()
                     if name == "ours":
                         got[name] += await asyncio.gather(
                             *(ours_claim(side, candidates) for _ in range(level))

@@ -297,6 +297,33 @@ async def drop_pools(side: Side) -> None:
                 raise
 
 
+def cpu_busy(interval_s: float = 1.0) -> float:
+    """The machine's busy CPU fraction over ``interval_s`` (from /proc/stat)."""
+
+    def read() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        idle = fields[3] + fields[4]  # idle + iowait
+        return sum(fields), idle
+
+    t0, i0 = read()
+    time.sleep(interval_s)
+    t1, i1 = read()
+    return 1.0 - (i1 - i0) / max(1, t1 - t0)
+
+
+async def settle(max_busy: float = 0.25, timeout_s: float = 120.0) -> float:
+    """Wait until the machine's CPUs are mostly idle (the pools' refills and the
+    previous round's deletions done), so a round measures claims, not the
+    node's leftover work; returns the busy fraction it started at."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        busy = await asyncio.to_thread(cpu_busy)
+        if busy <= max_busy or time.monotonic() > deadline:
+            return busy
+        await asyncio.sleep(0.5)
+
+
 async def pools_full(side: Side, size: int, timeout_s: float = 600.0) -> list[dict[str, Any]]:
     """Wait until both pools hold ``size`` Ready idle members; ours' idle pods."""
     deadline = time.monotonic() + timeout_s
