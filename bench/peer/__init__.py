@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import os
 import secrets
@@ -150,9 +151,17 @@ async def _row(name: str, marks: dict[str, Any], coro: Callable[[], Awaitable[An
     start = _mark()
     print(f"== {name} (load {start['load1']}, {start['clusters']} cluster(s))", flush=True)
     t = time.monotonic()
-    out = await coro()
+    error = None
+    try:
+        out = await coro()
+    except Exception as e:  # one row failing still leaves the others' figures
+        error = _why(e)
+        print(f"== {name} failed: {error}", flush=True)
+        out = []
     end = _mark()
     marks[name] = {"start": start, "end": end, "seconds": round(time.monotonic() - t, 1)}
+    if error:
+        marks[name]["error"] = error
     return out
 
 
@@ -624,6 +633,7 @@ async def _burst_claims(
 ) -> dict[str, Any]:
     won: list[str] = []
     done: list[float] = []
+    errors: collections.Counter[str] = collections.Counter()
     if name == "ours":
         t0 = time.monotonic()
 
@@ -631,9 +641,10 @@ async def _burst_claims(
             try:
                 res = await claim(
                     side.kube, side.namespace, OUR_POOL, claimer="bench", ttl=CLAIM_TTL,
-                    candidates=candidates, ready_only=True,
+                    candidates=candidates, ready_only=True, reserved=side.reserved,
                 )  # fmt: skip
-            except Exception:
+            except Exception as e:
+                errors[_why(e)] += 1
                 return
             done.append(time.monotonic())
             won.append(res.pod["metadata"]["name"])
@@ -649,7 +660,8 @@ async def _burst_claims(
                     peer.CLAIMS, peer.claim(claim_name, PEER_POOL), side.namespace
                 )
                 t = await side.claims.wait(claim_name, 600)
-            except Exception:
+            except Exception as e:
+                errors[_why(e)] += 1
                 return
             done.append(t)
             sb = peer.claimed_sandbox(side.claims.last[claim_name])
@@ -659,12 +671,19 @@ async def _burst_claims(
         await asyncio.gather(*(one_peer(c) for c in names))
     out = _rate(t0, done, n)
     out["doubled"] = len(won) - len(set(won))
+    out["errors"] = dict(errors.most_common(5))
     return out
+
+
+def _why(e: BaseException) -> str:
+    """A lost sandbox's cause, short enough to count alike ones together."""
+    return f"{type(e).__name__}: {str(e)[:120]}"
 
 
 async def _burst_creates(side: Side, name: str, n: int) -> dict[str, Any]:
     done: list[float] = []
     made: list[str] = []
+    errors: collections.Counter[str] = collections.Counter()
     names = [side.name("bc") for _ in range(n)]
     t0 = time.monotonic()
 
@@ -678,8 +697,8 @@ async def _burst_creates(side: Side, name: str, n: int) -> dict[str, Any]:
             await side.kube.create(PODS, body, side.namespace)
             made.append(nm)
             done.append(await side.pods.wait(nm, 600))
-        except Exception:
-            return
+        except Exception as e:
+            errors[_why(e)] += 1
 
     async def theirs(nm: str) -> None:
         try:
@@ -688,12 +707,13 @@ async def _burst_creates(side: Side, name: str, n: int) -> dict[str, Any]:
             )
             made.append(nm)
             done.append(await side.sandboxes.wait(nm, 600))
-        except Exception:
-            return
+        except Exception as e:
+            errors[_why(e)] += 1
 
     await asyncio.gather(*((ours if name == "ours" else theirs)(nm) for nm in names))
     out = _rate(t0, done, n)
     out["doubled"] = len(made) - len(set(made))  # one name, one object: never above 0
+    out["errors"] = dict(errors.most_common(5))
     return out
 
 

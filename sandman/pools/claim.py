@@ -16,7 +16,9 @@ import datetime as dt
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
+
+import aiohttp
 
 from sandman.client import reuse, startup
 from sandman.clock import utc_now
@@ -150,6 +152,53 @@ def rank(pods: Sequence[dict[str, Any]], rng: random.Random) -> list[dict[str, A
     return ready + sorted(starting, key=oldest_first) + sorted(troubled, key=oldest_first)
 
 
+PatchOutcome = Literal["lost", "unknown", "fatal"]
+
+
+def patch_outcome(error: BaseException) -> PatchOutcome:
+    """What a failed claim patch says about the race.
+
+    - ``lost``: the pod is not ours and cannot be: another claimer won (422,
+      a test op failed), it went away (404), the apiserver gave up under
+      contention (409), or policy refused the lease (403: the pod is too old
+      for this ttl under the max lifetime; a younger one may do);
+    - ``unknown``: the answer says nothing about whether the patch applied
+      (a 5xx, a webhook that timed out, 429 past the client's own waits, a
+      client-side timeout or a dropped connection), so the pod is read back;
+    - ``fatal``: anything else (a malformed patch, no permission): raised.
+    """
+    if isinstance(error, ApiError):
+        if error.status in (403, 404, 409, 422):
+            return "lost"
+        if error.status == 429 or error.status >= 500:
+            return "unknown"
+        return "fatal"
+    if isinstance(error, (TimeoutError, aiohttp.ClientError)):
+        return "unknown"
+    return "fatal"
+
+
+def stamped_by(pod: dict[str, Any], claimer: str, now: dt.datetime) -> bool:
+    """Whether ``pod`` carries this claim's own stamp (who and when): a patch
+    whose answer was lost did apply."""
+    ann = pod.get("metadata", {}).get("annotations") or {}
+    return ann.get(ANN_CLAIMED_BY) == claimer and ann.get(ANN_CLAIMED_AT) == format_time(now)
+
+
+async def _read_back(
+    kube: KubeClient, namespace: str, pod: dict[str, Any], claimer: str, now: dt.datetime
+) -> dict[str, Any] | None:
+    """The pod if our unanswered patch won it, else None (a read that fails
+    too counts as a loss: the lease ends an orphaned hold)."""
+    try:
+        cur = await kube.get(PODS, pod["metadata"]["name"], namespace)
+    except (ApiError, TimeoutError, aiohttp.ClientError):
+        return None
+    if cur["metadata"].get("uid") != pod["metadata"]["uid"]:
+        return None
+    return cur if stamped_by(cur, claimer, now) else None
+
+
 async def claim(
     kube: KubeClient,
     namespace: str,
@@ -216,17 +265,23 @@ async def claim(
                     namespace,
                     content_type=JSON_PATCH,
                 )
-            except ApiError as e:
-                # 422: a test op failed (someone else won); 404: the pod went away;
-                # 409: the apiserver gave up retrying under heavy contention;
-                # 403: policy refused the lease (the pod is too old for this ttl
-                # under the max lifetime): a younger pod may still do.
-                if reserved is not None:
-                    reserved.discard(uid)
-                if e.status in (403, 404, 409, 422):
+            except (ApiError, TimeoutError, aiohttp.ClientError) as e:
+                outcome = patch_outcome(e)
+                if outcome == "fatal":
+                    if reserved is not None:
+                        reserved.discard(uid)
+                    raise
+                # Under a burst the apiserver or the webhook may fail or time
+                # out: such a claim used to be lost; the pod is read back.
+                got = None
+                if outcome == "unknown":
+                    got = await _read_back(kube, namespace, pod, claimer, now)
+                if got is None:
+                    if reserved is not None:
+                        reserved.discard(uid)
                     conflicts += 1
                     continue
-                raise
+                won = got
             if reuse.restarts(won):
                 # It restarted after the candidates were listed: ours now, so ours
                 # to replace (deleted; the ReplicaSet refills), never to hand out.

@@ -7,10 +7,12 @@ import datetime as dt
 import random
 from typing import Any
 
+import aiohttp
 import pytest
 
 from sandman.contract import ANN_EXPIRES_AT, LABEL_POOL, LABEL_SANDBOX, LABEL_STATE
-from sandman.pools.claim import claim_patch, rank
+from sandman.kube_async import ApiError
+from sandman.pools.claim import claim_patch, patch_outcome, rank, stamped_by
 from sandman.pools.spec import ANN_CLAIMED_AT, ANN_CLAIMED_BY, STATE_CLAIMED, STATE_IDLE
 from tests.unit.webhook.jsonpatch import apply
 
@@ -288,3 +290,33 @@ def test_rank_keeps_unschedulable_pods_as_starting():
 
 def test_rank_empty():
     assert rank([], random.Random(0)) == []
+
+
+# -- a claim patch whose answer failed ---------------------------------------------------
+@pytest.mark.parametrize(
+    ("error", "outcome"),
+    [
+        (ApiError(422, {"message": "test failed"}), "lost"),  # someone else won
+        (ApiError(404, {}), "lost"),
+        (ApiError(409, {}), "lost"),
+        (ApiError(403, {"message": "lease beyond the max lifetime"}), "lost"),
+        (ApiError(500, {"message": 'failed calling webhook "policy.sandman.dev"'}), "unknown"),
+        (ApiError(504, {"message": "timeout"}), "unknown"),
+        (ApiError(429, {}), "unknown"),
+        (TimeoutError(), "unknown"),
+        (aiohttp.ServerDisconnectedError(), "unknown"),
+        (ApiError(400, {"message": "bad patch"}), "fatal"),
+        (ApiError(401, {}), "fatal"),
+        (ValueError("bug"), "fatal"),
+    ],
+)
+def test_patch_outcome(error: BaseException, outcome: str) -> None:
+    assert patch_outcome(error) == outcome
+
+
+def test_a_pod_read_back_is_ours_only_with_our_own_stamp() -> None:
+    won = apply_patch(pod(), patch_for(pod(), claimer="fleet-a"))  # as a claim at NOW leaves it
+    assert stamped_by(won, "fleet-a", NOW)
+    assert not stamped_by(won, "fleet-b", NOW)  # another claimer's win
+    assert not stamped_by(won, "fleet-a", NOW + dt.timedelta(seconds=1))  # not this claim's
+    assert not stamped_by(pod(), "fleet-a", NOW)  # never claimed
