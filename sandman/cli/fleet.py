@@ -49,7 +49,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--window", type=int, default=4)
     p.add_argument("--reuse", action="store_true", help="reset and reuse sandboxes per problem")
-    p.add_argument("--k", type=int, default=2, help="sandboxes per problem with --reuse")
+    p.add_argument(
+        "--k",
+        type=int,
+        default=0,
+        help="sandboxes per problem with --reuse (default 0: as few as fill --concurrency)",
+    )
     p.add_argument(
         "--prepull",
         type=int,

@@ -27,7 +27,7 @@ from sandman.fleet.prepull import Prepuller, choose_problems
 from sandman.fleet.progress import Progress, snapshot
 from sandman.fleet.records import Attempt, Outcome, RolloutRecord, RunData, Source
 from sandman.fleet.retry import after_failure, infra_failure
-from sandman.fleet.reuse import ProblemState
+from sandman.fleet.reuse import ProblemState, sandboxes_per_problem
 from sandman.fleet.spans import SpanBook
 from sandman.kube_async import MERGE_PATCH, PODS, ApiError
 from sandman.pools import NoIdlePod, PoolSpec
@@ -57,7 +57,9 @@ class FleetConfig:
     concurrency: int = 16
     window: int = 4  # problems per window (sliding / pipelined)
     reuse: bool = False
-    k: int = 2  # sandboxes per problem when reusing
+    # Sandboxes per problem when reusing; 0: as few as fill the concurrency
+    # (reuse.sandboxes_per_problem).
+    k: int = 0
     max_reuses: int = 8  # rollouts one sandbox serves before it is rotated out
     max_attempts: int = 3  # per rollout, for retryable infrastructure failures
     ttl: str = "30m"  # lease of every sandbox the run holds
@@ -78,8 +80,10 @@ class FleetConfig:
 
     def __post_init__(self) -> None:
         strategies.check(self.strategy, self.window)
-        if self.concurrency < 1 or self.k < 1 or self.max_reuses < 1 or self.max_attempts < 1:
-            raise ValueError("concurrency, k, max_reuses and max_attempts must be >= 1")
+        if self.concurrency < 1 or self.max_reuses < 1 or self.max_attempts < 1:
+            raise ValueError("concurrency, max_reuses and max_attempts must be >= 1")
+        if self.k < 0:
+            raise ValueError("k must be >= 1, or 0 to choose it from the batch")
 
 
 class Fleet:
@@ -106,6 +110,7 @@ class Fleet:
         cfg = self.config
         t0 = time.monotonic()  # before any warming, for every strategy
         self.t0, self.task, self.problems = t0, task, list(problems)
+        self.k = sandboxes_per_problem(cfg.k, cfg.concurrency, len(problems), rollouts)
         self._on_result, self._result_error = on_result, None
         self.data = RunData(
             cfg.strategy,
@@ -113,7 +118,7 @@ class Fleet:
             len(problems),
             rollouts,
             cfg.concurrency,
-            params={"window": cfg.window, "k": cfg.k, "max_reuses": cfg.max_reuses},
+            params={"window": cfg.window, "k": self.k, "max_reuses": cfg.max_reuses},
         )
         self.spans = SpanBook(t0)
         self.state = [ProblemState(i, rollouts, rollouts, rollouts) for i in range(len(problems))]
@@ -234,7 +239,7 @@ class Fleet:
     async def _plan_locked(self) -> None:
         cfg = self.config
         remaining = [s.unserved if s.broken is None else 0 for s in self.state]
-        want = [s.want(cfg.reuse, cfg.k) for s in self.state]
+        want = [s.want(cfg.reuse, self.k) for s in self.state]
         targets = strategies.pool_targets(cfg.strategy, cfg.window, remaining, want=want)
         # New pools are made concurrently (naive makes 100 at once), in
         # problem order for the create budget; each is recorded only once the
@@ -333,7 +338,7 @@ class Fleet:
     def _pick(self) -> ProblemState | None:
         """The earliest problem that can start a rollout now (problem-major order)."""
         for s in self.state:
-            if s.can_start(self.config.reuse, self.config.k):
+            if s.can_start(self.config.reuse, self.k):
                 return s
         return None
 

@@ -26,6 +26,29 @@ from dataclasses import dataclass, field
 from sandman.client import Sandbox
 
 
+def sandboxes_per_problem(k: int, concurrency: int, problems: int, rollouts: int) -> int:
+    """The ``k`` a run uses: ``k`` itself when set (>= 1), else (0, automatic)
+    the fewest sandboxes per problem that still let the run fill its
+    concurrency: ``ceil(concurrency / problems)``, between 1 and ``rollouts``.
+
+    Every sandbox beyond that is one more pod start bought for a slot that a
+    sandbox of another problem would have filled anyway.
+
+    >>> sandboxes_per_problem(0, 64, 100, 8)   # more problems than slots: one each
+    1
+    >>> sandboxes_per_problem(0, 64, 20, 8)    # 20 problems, 64 slots: 4 each
+    4
+    >>> sandboxes_per_problem(0, 64, 2, 8)     # never more than the rollouts
+    8
+    >>> sandboxes_per_problem(3, 64, 100, 8)   # set by the caller: kept
+    3
+    """
+    if k >= 1:
+        return k
+    per = -(-concurrency // max(1, problems))
+    return max(1, min(per, max(1, rollouts)))
+
+
 @dataclass
 class ProblemState:
     index: int

@@ -44,6 +44,7 @@ class FakePools:
 def planned_fleet(failures: list[BaseException]) -> tuple[Fleet, FakePools]:
     f = Fleet.__new__(Fleet)
     f.config = FleetConfig(strategy="pipelined", window=1)
+    f.k = 2  # what run() resolves from the batch
     f.run_id = "r0"
     f.problems = [Problem("p0", "127.0.0.1:5000/x:1")]
     f.state = [ProblemState(0, 2, 2, 2)]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from sandman.client import Sandbox
-from sandman.fleet.reuse import ProblemState
+from sandman.fleet.fleet import FleetConfig
+from sandman.fleet.reuse import ProblemState, sandboxes_per_problem
 from sandman.fleet.strategies import STRATEGIES, check, pool_targets, warm_problems
 
 ALL = [4] * 10  # 10 problems, 4 rollouts each, none started
@@ -225,3 +226,28 @@ def test_a_reservation_still_waiting_for_its_pod_is_wanted():
     assert s.want(True, k=1) == 1
     s.acquiring, s.unserved = 0, 2  # got its pod
     assert s.want(True, k=1) == 0
+
+
+@pytest.mark.parametrize(
+    ("k", "concurrency", "problems", "rollouts", "want"),
+    [
+        (0, 64, 100, 8, 1),  # more problems than slots: one sandbox each
+        (0, 64, 64, 8, 1),
+        (0, 64, 20, 8, 4),  # 20 x 4 = 80 >= 64: every slot can be filled
+        (0, 16, 12, 8, 2),
+        (0, 64, 2, 8, 8),  # never more sandboxes than rollouts
+        (0, 4, 0, 8, 4),  # no problems: nothing divides by zero
+        (0, 4, 3, 0, 1),
+        (2, 64, 100, 8, 2),  # set by the caller: kept
+        (5, 4, 100, 1, 5),
+    ],
+)
+def test_sandboxes_per_problem(k: int, concurrency: int, problems: int, rollouts: int, want: int):
+    assert sandboxes_per_problem(k, concurrency, problems, rollouts) == want
+
+
+def test_fleet_config_k():
+    assert FleetConfig().k == 0  # automatic by default
+    FleetConfig(k=3)
+    with pytest.raises(ValueError, match="k must be"):
+        FleetConfig(k=-1)
