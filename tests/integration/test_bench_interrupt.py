@@ -15,22 +15,7 @@ import pytest
 from sandman.harness.cluster.process import ManagedProcess
 from sandman.harness.cluster.running import BESIDE_ENV
 from sandman.harness.testing import cluster_unavailable_reason
-
-
-def processes_mentioning(text: str) -> dict[int, str]:
-    """pid -> command of live processes whose command line contains ``text``."""
-    found = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if text.encode() in cmdline and state != "Z":
-            found[int(entry)] = cmdline.split(b"\0", 1)[0].decode(errors="replace")
-    return found
+from tests.procs import processes_mentioning
 
 
 def wait_for_text(path: Path, text: str, proc: subprocess.Popen[bytes], timeout: float) -> None:

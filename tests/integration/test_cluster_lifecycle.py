@@ -11,6 +11,7 @@ import pytest
 from sandman.harness.cluster.config import ClusterConfig, Ports
 from sandman.harness.cluster.local import LocalCluster
 from sandman.harness.testing import cluster_unavailable_reason
+from tests.procs import processes_mentioning
 
 
 def listening_ports() -> set[int]:
@@ -23,21 +24,6 @@ def listening_ports() -> set[int]:
                 if fields[3] == "0A":  # TCP_LISTEN
                     ports.add(int(fields[1].rsplit(":", 1)[1], 16))
     return ports
-
-
-def processes_mentioning(text: str) -> list[int]:
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if text.encode() in cmdline and state != "Z":
-            pids.append(int(entry))
-    return pids
 
 
 def test_up_is_idempotent_and_down_leaves_nothing(tmp_path: Path) -> None:
@@ -72,7 +58,7 @@ def test_up_is_idempotent_and_down_leaves_nothing(tmp_path: Path) -> None:
     finally:
         stopped = cluster.down()
     assert set(stopped) == set(pids)
-    assert processes_mentioning(str(cfg.state_dir)) == []
+    assert processes_mentioning(str(cfg.state_dir)) == {}
     assert not {port for _, port in cfg.ports.items()} & listening_ports()
     # State is kept (without --purge) so that `up` resumes the same cluster.
     assert cluster.kubeconfig.exists()
