@@ -17,11 +17,13 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import os
+import random
 import secrets
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -200,6 +202,23 @@ def _resolver(cluster: LocalCluster, peer_pid: int) -> Callable[[], dict[str, li
     return resolve
 
 
+@contextlib.asynccontextmanager
+async def _side(
+    client: SandmanClient, image: str, api_exec: ApiExec, observer: KubeClient
+) -> AsyncIterator[Side]:
+    """The workloads' view of the client's namespace on the real node, with the
+    watches that time its pods', sandboxes' and claims' Ready."""
+    kube, ns = client.kube, client.namespace
+    async with (
+        ReadyLog(kube, PODS, ns, startup.ready) as pods,
+        ReadyLog(kube, peer.SANDBOXES, ns, peer.is_ready) as sandboxes,
+        ReadyLog(kube, peer.CLAIMS, ns, peer.is_ready) as claims,
+    ):
+        yield Side(
+            kube, client, ns, image, REAL, [], pods, sandboxes, claims, api_exec, observer
+        )  # fmt: skip
+
+
 async def _main(
     args: argparse.Namespace,
     cluster: LocalCluster,
@@ -232,15 +251,7 @@ async def _main(
             with peer_ctl.running(binary, cluster.kubeconfig, log) as proc:
                 print(f"the peer's controller runs (pid {proc.pid}, log {log})", flush=True)
                 resolve = _resolver(cluster, proc.pid)
-                async with (
-                    ReadyLog(kube, PODS, ns, startup.ready) as pods,
-                    ReadyLog(kube, peer.SANDBOXES, ns, peer.is_ready) as sandboxes,
-                    ReadyLog(kube, peer.CLAIMS, ns, peer.is_ready) as claims,
-                ):
-                    side = Side(
-                        kube, client, ns, image, REAL, [], pods, sandboxes, claims, api_exec,
-                        observer,
-                    )  # fmt: skip
+                async with _side(client, image, api_exec, observer) as side:
                     if "cold" in wanted:
                         rows += await _row(
                             "cold", marks, lambda: _cold(side, args, cluster, resolve, extra)
@@ -259,10 +270,14 @@ async def _main(
                         rows += await _row("warm", marks, lambda: _warm(side, args))
                     if "burst" in wanted:
                         kwok = await _kwok_nodes(kube, args.kwok_nodes, args.burst, ns)
-                        kside = Side(
-                            kube, client, ns, image, {LABEL_BENCH: f"peer-{ns}"},
-                            [KWOK_TOLERATION], pods, sandboxes, claims, api_exec, observer,
-                        )  # fmt: skip
+                        # The same watches, sandboxes placed on the kwok nodes.
+                        kside = dataclasses.replace(
+                            side,
+                            node_selector={LABEL_BENCH: f"peer-{ns}"},
+                            tolerations=[KWOK_TOLERATION],
+                            reserved=set(),
+                            rng=random.Random(0),
+                        )
                         rows += await _row("burst", marks, lambda: _burst(kside, args, extra))
                     if "rl" in wanted:
                         rows += await _row(
@@ -422,15 +437,7 @@ async def _cold_delivery(
             await kube.create(NAMESPACES, {"metadata": meta})
             try:
                 await wait_delivery(client, image, delivery)
-                async with (
-                    ReadyLog(kube, PODS, ns, startup.ready) as pods,
-                    ReadyLog(kube, peer.SANDBOXES, ns, peer.is_ready) as sandboxes,
-                    ReadyLog(kube, peer.CLAIMS, ns, peer.is_ready) as claims,
-                ):
-                    side = Side(
-                        kube, client, ns, image, REAL, [], pods, sandboxes, claims, api_exec,
-                        observer,
-                    )  # fmt: skip
+                async with _side(client, image, api_exec, observer) as side:
                     return await _cold(
                         side, args, cluster, resolve, extra,
                         prefix=f"cold_{delivery}", lifecycle=f"lifecycle_{delivery}",
