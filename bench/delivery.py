@@ -24,13 +24,13 @@ POLICY_LABEL = "sandman.dev/policy-test"
 RULE_PREFIX = "bench-delivery-"  # + the delivery: the policy rule of its namespaces
 
 
-def deliveries(value: str) -> list[str]:
-    """``--delivery`` (one or a comma list), checked before any cluster is
-    brought up for nothing."""
+def deliveries(value: str, flag: str = "--delivery") -> list[str]:
+    """``flag``'s value (one delivery or a comma list), checked before any
+    cluster is brought up for nothing."""
     out = value.split(",")
     for d in out:
         if d not in DELIVERIES:
-            raise SystemExit(f"--delivery: one of {', '.join(DELIVERIES)}, not {d!r}")
+            raise SystemExit(f"{flag}: one of {', '.join(DELIVERIES)}, not {d!r}")
     return out
 
 

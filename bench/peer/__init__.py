@@ -412,7 +412,7 @@ def _latency_rows(prefix: str, got: dict[str, list[Sample]], *, first_vs_ready: 
 
 
 def _deliveries(args: argparse.Namespace) -> list[str]:
-    return deliveries(args.deliveries)
+    return deliveries(args.deliveries, "--deliveries")
 
 
 async def _cold_delivery(
