@@ -47,8 +47,12 @@ Cli = Callable[..., subprocess.CompletedProcess[str]]
 def old_python_cli() -> Path:
     """`sandman` in a venv of Debian's python3.11 with this checkout installed
     (editable: the code under test is the working tree). Built once per set of
-    dependencies (pip fetches them from PyPI the first time), then reused."""
-    key = hashlib.sha256((REPO / "pyproject.toml").read_bytes()).hexdigest()[:12]
+    dependencies and checkout (pip fetches them from PyPI the first time), then
+    reused. The checkout's path is in the key: an editable install points at
+    the tree it was made from, and a venv made from another clone (since
+    deleted) has no `sandman` to import."""
+    recipe = (REPO / "pyproject.toml").read_bytes() + str(REPO).encode()
+    key = hashlib.sha256(recipe).hexdigest()[:12]
     venv = VENVS / f"py311-debian-{key}"
     VENVS.mkdir(parents=True, exist_ok=True)
     with open(VENVS / ".lock", "w") as lock:
