@@ -84,7 +84,12 @@ async def test_interactive_shell_python_repl_resize_ctrl_c_exit_code(
             assert b"42" in drv.expect(">>> ")
             drv.type("import os; os.get_terminal_size()\r")
             assert b"columns=132, lines=40" in drv.expect(">>> ")
-            drv.type("import time; time.sleep(600)\r")
+            # Ctrl-C once the sleep runs (the marker is printed only by the
+            # code, never by the echo of the line): typed in the same instant
+            # as Enter, the byte reached readline before the line ran and the
+            # sleep went on uninterrupted.
+            drv.type("import time; print('sl' + 'eeping'); time.sleep(600)\r")
+            drv.expect("sleeping")
             drv.type("\x03")  # raw mode: the byte goes to the sandbox's terminal
             assert b"KeyboardInterrupt" in drv.expect(">>> ")
             drv.type("exit()\r")
