@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sandman.cli import durations
 from sandman.cli.sandboxes import default_namespace
 
 EXIT_OK, EXIT_REFUSED, EXIT_HOLES = 0, 1, 2
@@ -43,7 +44,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--repeat", type=int, default=1,
                    help="run every task N times and report flaky ones (default 1)")  # fmt: skip
     p.add_argument("--profile", default="eval", help="policy profile of the sandboxes")
-    p.add_argument("--start-timeout", type=float, default=300.0,
+    p.add_argument("--start-timeout", type=durations.seconds, default=300.0,
                    help="seconds a sandbox may take to start (default 300)")  # fmt: skip
     p.add_argument("--jsonl", action="store_true", help="SPEC is JSON lines")
     p.add_argument("--allow-unverified-network", action="store_true",

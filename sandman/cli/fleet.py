@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sandman.cli import durations
 from sandman.cli.sandboxes import default_namespace
 from sandman.client import Sandbox, SandmanClient
 from sandman.fleet.fleet import Fleet, FleetConfig, Problem
@@ -67,8 +68,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default=None,
         help="sandman-scheduler's extender, asked which images a node holds already",
     )
-    p.add_argument("--ttl", default="30m")
-    p.add_argument("--timeout", type=float, default=600.0, help="per command, seconds")
+    p.add_argument("--ttl", type=durations.lease, default="30m", help="lease (30m)")
+    p.add_argument("--timeout", type=durations.seconds, default=600.0, help="per command (600s)")
     p.add_argument("--pod-command", type=shlex.split, default=None, help='e.g. "sleep infinity"')
     p.add_argument("--node-selector", action="append", default=[], metavar="K=V")
     p.add_argument("--json", type=Path, help="save the summary and the run's data")

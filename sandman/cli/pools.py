@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from sandman.cli import common
+from sandman.cli import common, durations
 from sandman.cli.common import CliError, add_kube_flags
 from sandman.cli.output import Column, add_output_flag, emit, strip_kind
 from sandman.client import Sandbox, SandboxStartError, SandmanClient
@@ -58,7 +58,9 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("name")
     p.add_argument("--image", required=True)
     p.add_argument("--size", type=int, default=1, help="idle pods to keep (default 1)")
-    p.add_argument("--ttl", help="lease of a claimed pod when the claim gives none")
+    p.add_argument(
+        "--ttl", type=durations.lease, help="lease of a claimed pod when the claim gives none"
+    )
     p.add_argument("--profile")
     p.add_argument("--node-selector", action="append", default=[], metavar="K=V")
     p.add_argument("--toleration", action="append", default=[], metavar="KEY[=VALUE][:EFFECT]")
@@ -94,10 +96,14 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     flags(p, cmd_claim)
     p.add_argument("pool")
-    p.add_argument("--ttl", help=f"lease (default: the pool's, else {DEFAULT_CLAIM_TTL})")
-    p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for an idle pod (60)")
+    p.add_argument(
+        "--ttl", type=durations.lease, help=f"lease (default: the pool's, else {DEFAULT_CLAIM_TTL})"
+    )
+    p.add_argument(
+        "--wait", type=durations.seconds_or_zero, default=60.0, help="wait for an idle pod (60s)"
+    )
     p.add_argument("--ready-only", action="store_true", help="never claim a pod still starting")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for Ready (300)")
+    p.add_argument("--timeout", type=durations.seconds, default=300.0, help="wait for Ready (300s)")
     p.add_argument("--claimer", help="recorded on the pod (default: $USER@hostname)")
     p.add_argument(
         "-o",

@@ -27,7 +27,7 @@ from urllib.parse import quote, urlencode
 
 import aiohttp
 
-from sandman.cli import common
+from sandman.cli import common, durations
 from sandman.cli.common import CliError, add_kube_flags
 from sandman.cli.output import Column, add_output_flag, duration, emit, strip_kind
 from sandman.client import DaemonError, Sandbox, SandmanClient, SandmanError
@@ -70,15 +70,17 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     p.add_argument("image")
     p.add_argument("--name")
-    p.add_argument("--ttl", help="lease, e.g. 30m (default: the policy's)")
-    p.add_argument("--idle-timeout")
+    p.add_argument("--ttl", type=durations.lease, help="lease, e.g. 30m (default: the policy's)")
+    p.add_argument("--idle-timeout", type=durations.lease, help="release after this long idle")
     p.add_argument("--profile")
     p.add_argument("--workspace")
     p.add_argument("--env", "-e", action="append", default=[], metavar="K=V")
     p.add_argument("--cpu")
     p.add_argument("--memory")
     p.add_argument("--node-selector", action="append", default=[], metavar="K=V")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for Ready")
+    p.add_argument(
+        "--timeout", type=durations.seconds, default=300.0, help="wait this long for Ready (300s)"
+    )
     p.add_argument(
         "-o",
         "--output",
@@ -99,7 +101,9 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("pod")
     p.add_argument("--cwd")
     p.add_argument("--env", "-e", action="append", default=[], metavar="K=V")
-    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument(
+        "--timeout", type=durations.seconds, default=600.0, help="the command's limit (600s)"
+    )
     p.add_argument(
         "-i", "--stdin", action="store_true", help="send our stdin (read to its end first)"
     )
@@ -163,7 +167,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
     p = cmd("extend", cmd_extend, help="move a sandbox's lease end to now + DURATION")
     p.add_argument("pod")
-    p.add_argument("duration")
+    p.add_argument("duration", type=durations.lease, help="e.g. 30m, 1h30m, 600")
 
     p = cmd("release", cmd_release, help="delete sandboxes")
     p.add_argument("pod", nargs="+")

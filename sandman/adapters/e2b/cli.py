@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from sandman.adapters.e2b.gateway import MAX_UPLOAD_BYTES, GatewayConfig, run_gateway
+from sandman.cli import durations
 from sandman.serving import add_listen_flag
 
 KEY_ENV = "SANDMAN_E2B_API_KEY"
@@ -45,7 +46,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "else a random key printed at start)",
     )
     p.add_argument("--node-selector", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--startup-timeout", type=float, default=300.0, metavar="SECONDS")
+    p.add_argument(
+        "--startup-timeout", type=durations.seconds, default=300.0, help="e.g. 90, 5m (300s)"
+    )
     p.add_argument(
         "--max-upload-bytes",
         type=int,
