@@ -28,13 +28,13 @@ import tomllib
 from importlib import metadata
 from pathlib import Path
 
-from packaging.markers import default_environment
-from packaging.requirements import Requirement
-
+import sandman
 from sandman.harness.images import pybase
 from sandman.harness.images.oci import ImageConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# In a checkout; an install from a wheel has no pyproject.toml, and its
+# sandman/ dir already is the layout the image wants (package_dirs).
 PYPROJECT = REPO_ROOT / "pyproject.toml"
 LOCK = Path(__file__).resolve().parent / "controller-requirements.txt"
 # Packages of the repo that the controller never imports: the harness and
@@ -146,13 +146,31 @@ def fill_deps(root: Path) -> None:
 
 
 # -- layer 3: the sandman package -------------------------------------------------
+def _excluded(pkg: str) -> bool:
+    return any(pkg == x or pkg.startswith(x + ".") for x in EXCLUDED_PACKAGES)
+
+
+def installed_package_dirs(root: Path) -> dict[str, Path]:
+    """Import name -> dir for every package under ``root`` (the installed
+    ``sandman/``: what a wheel laid out)."""
+    out = {}
+    for init in sorted(root.rglob("__init__.py")):
+        rel = init.parent.relative_to(root.parent)
+        pkg = ".".join(rel.parts)
+        if "__pycache__" not in rel.parts and not _excluded(pkg):
+            out[pkg] = init.parent
+    return out
+
+
 def package_dirs() -> dict[str, Path]:
     """Import name -> source dir, from pyproject.toml (what `pip install` would copy)."""
+    if not PYPROJECT.exists():
+        return installed_package_dirs(Path(sandman.__file__).resolve().parent)
     cfg = tomllib.loads(PYPROJECT.read_text())["tool"]["setuptools"]
     mapping = cfg["package-dir"]
     out: dict[str, Path] = {}
     for pkg in cfg["packages"]:
-        if any(pkg == x or pkg.startswith(x + ".") for x in EXCLUDED_PACKAGES):
+        if _excluded(pkg):
             continue
         # The longest mapped prefix decides (sandman.webhook -> webhook/).
         base = max((k for k in mapping if pkg == k or pkg.startswith(k + ".")), key=len)
@@ -237,6 +255,11 @@ def layers() -> tuple[tuple[str, object], ...]:
 def _closure(roots: list[str], skip: frozenset[str] = frozenset()) -> dict[str, str]:
     """name -> installed version for ``roots`` and everything they require here
     (except ``skip`` and what only they need)."""
+    # `lock` is a maintainer's command ([dev] has packaging); building the
+    # image must not need it.
+    from packaging.markers import default_environment
+    from packaging.requirements import Requirement
+
     env = {**default_environment(), **TARGET_ENV}
     seen: dict[str, str] = {}
     todo = [(r, "") for r in roots]

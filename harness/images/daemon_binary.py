@@ -47,15 +47,21 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
+import sandman
 from sandman.contract import DAEMON_ARGV, DAEMON_RUNTIME_DIR
 from sandman.harness.cluster.config import default_cache_dir
 
+# The checkout's root (daemon/ beside sandman/), or, installed from a wheel,
+# the sandman package dir (daemon/ is sandman/daemon/ there): either way the
+# daemon's sources are REPO_ROOT / "daemon".
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DAEMON_SRC = REPO_ROOT / "daemon"
-PARENT_INIT = REPO_ROOT / "sandman" / "__init__.py"
+# The parent package itself, wherever it is installed.
+SANDMAN_PKG = Path(sandman.__file__).resolve().parent
+PARENT_INIT = SANDMAN_PKG / "__init__.py"
 # The pod contract (names shared with the webhook): standard library only, so
 # the daemon carries it rather than a copy of its names.
-CONTRACT = REPO_ROOT / "sandman" / "contract.py"
+CONTRACT = SANDMAN_PKG / "contract.py"
 
 # Debian's interpreter: Python 3.11 with libpython linked in (one ELF, no
 # libpython.so to carry), no RUNPATH, built with PGO and LTO.

@@ -71,15 +71,63 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+# Top-level module -> (distribution, extra of sandman-k8s that installs it;
+# "" for the core dependencies). A unit test keeps it in step with
+# pyproject.toml's dependencies and extras.
+MODULE_EXTRAS: dict[str, tuple[str, str]] = {
+    "aiohttp": ("aiohttp", ""),
+    "yaml": ("PyYAML", ""),
+    "kubernetes": ("kubernetes", ""),
+    "prometheus_client": ("prometheus-client", "server"),
+    "cryptography": ("cryptography", "server"),
+    "swerex": ("swe-rex", "swerex"),
+    "e2b": ("e2b", "e2b"),
+    "gymnasium": ("gymnasium", "gym"),
+    "matplotlib": ("matplotlib", "plot"),
+    "opentelemetry": ("opentelemetry-sdk", "otel"),
+    "pytest": ("pytest", "dev"),
+}
+
+
+def missing_module_advice(module: str, missing: str | None) -> str:
+    """What to tell a user whose command ``module`` failed to import ``missing``.
+
+    Never an install that cannot help: a module of Sandman's own that is not
+    there is a broken installation (no extra adds it); a dependency is named
+    with the extra that installs it; anything else is named as it is.
+    """
+    if not missing:
+        return f"sandman: this command cannot load {module} (an import failed)"
+    top = missing.split(".", 1)[0]
+    if top == "sandman":
+        return (
+            f"sandman: sandman-k8s {__version__} is installed without its own module "
+            f"{missing} (needed by {module}); no extra provides it. A damaged install is "
+            f"repaired by reinstalling the same version; a fresh install that lacks it is "
+            "a packaging bug"
+        )
+    if top in MODULE_EXTRAS:
+        dist, extra = MODULE_EXTRAS[top]
+        if not extra:
+            return (
+                f"sandman: this command needs {dist} (module {missing}), a dependency of "
+                f"sandman-k8s that is not installed: pip install 'sandman-k8s' installs it"
+            )
+        return (
+            f"sandman: this command needs {dist} (module {missing}), which sandman-k8s's "
+            f"[{extra}] extra installs: pip install 'sandman-k8s[{extra}]'"
+        )
+    return (
+        f"sandman: this command needs the Python module {missing}, which is not installed "
+        "(no sandman-k8s extra provides it)"
+    )
+
+
 def _import(module: str):  # type: ignore[no-untyped-def]
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        extra = "dev" if ".harness." in module or ".bench." in module else "server"
-        raise SystemExit(
-            f"sandman: this command needs {e.name or 'a missing package'}; "
-            f"install it with: pip install 'sandman-k8s[{extra}]'"
-        ) from None
+        raise SystemExit(missing_module_advice(module, e.name)) from None
 
 
 def main(argv: list[str] | None = None) -> int:
