@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
 
+from sandman.harness.cluster.binaries import BuildError
 from sandman.harness.cluster.config import ClusterConfig
-from sandman.harness.images import components
+from sandman.harness.images import components, needs
 from sandman.harness.images.build import (
     DEFAULT_REGISTRY,
     IMAGE_NAMES,
@@ -17,7 +19,10 @@ from sandman.harness.images.build import (
     image_ref,
     recipe,
 )
+from sandman.harness.images.controller import ControllerBuildError
+from sandman.harness.images.daemon_binary import DaemonBuildError
 from sandman.harness.images.push import PushError, PushOptions, export_archive, push
+from sandman.harness.images.pybase import PyBaseError
 from sandman.harness.images.registry import Registry as LoopbackRegistry
 from sandman.harness.images.registry import RegistryError
 from sandman.install.images import COMPONENTS, ImageNameError, Registry
@@ -100,7 +105,20 @@ def _err(msg: str) -> int:
     return 1
 
 
+# What a recipe raises while it computes its layer keys (before ImageBuilder
+# wraps errors as ImageBuildError): a failed Go build, a missing package.
+RECIPE_ERRORS = (BuildError, ControllerBuildError, DaemonBuildError, PyBaseError)
+
+
+def _lacking(command: str, names: list[str], version: str | None) -> str | None:
+    """What this machine lacks for the command, checked before anything is built."""
+    return needs.check(command, names, version or os.environ.get("SANDMAN_VERSION"))
+
+
 def cmd_build(args: argparse.Namespace) -> int:
+    lacking = _lacking("build", args.names, args.version)
+    if lacking:
+        return _err(lacking)
     builder = ImageBuilder(ClusterConfig().cache_dir)
     target = LoopbackRegistry(args.registry or DEFAULT_REGISTRY)
     push = not args.no_push
@@ -128,7 +146,7 @@ def cmd_build(args: argparse.Namespace) -> int:
                 f"{built.ref}  {built.image.manifest.digest}  {built.image.size / 1e6:.1f} MB "
                 f"(uploaded {built.uploaded_bytes / 1e6:.1f} MB, {time.monotonic() - t0:.1f}s)"
             )
-    except (ImageBuildError, RegistryError, ImageNameError) as e:
+    except (ImageBuildError, RegistryError, ImageNameError, *RECIPE_ERRORS) as e:
         return _err(str(e))
     return 0
 
@@ -154,6 +172,9 @@ def _names(args: argparse.Namespace) -> list[str]:
 def cmd_push(args: argparse.Namespace) -> int:
     builder = ImageBuilder(ClusterConfig().cache_dir)
     try:
+        lacking = _lacking("push", _names(args), args.version)
+        if lacking:
+            return _err(lacking)
         opts = PushOptions(
             registry=Registry.parse(args.registry),
             insecure=args.insecure,
@@ -171,7 +192,7 @@ def cmd_push(args: argparse.Namespace) -> int:
                 f"{ref}  {image.manifest.digest}  {image.size / 1e6:.1f} MB "
                 f"({time.monotonic() - t0:.1f}s)"
             )
-    except (ImageBuildError, PushError, ImageNameError) as e:
+    except (ImageBuildError, PushError, ImageNameError, *RECIPE_ERRORS) as e:
         return _err(str(e))
     return 0
 
@@ -179,6 +200,9 @@ def cmd_push(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     builder = ImageBuilder(ClusterConfig().cache_dir)
     try:
+        lacking = _lacking("export", _names(args), args.version)
+        if lacking:
+            return _err(lacking)
         version = components.resolve_version(args.version, builder.cache_dir)
         for name in _names(args):
             image = builder.build(name, version)
@@ -186,7 +210,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             out = args.output_dir / f"{repo}-{version}.tar"
             export_archive(image, builder.store, repo, version, out, builder.root)
             print(f"{out}  ({repo}:{version}; load with: kind load image-archive {out})")
-    except (ImageBuildError, PushError, ImageNameError) as e:
+    except (ImageBuildError, PushError, ImageNameError, *RECIPE_ERRORS) as e:
         return _err(str(e))
     return 0
 
