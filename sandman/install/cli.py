@@ -12,6 +12,7 @@ from a checkout (same version by default), or a published release.
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -110,6 +111,15 @@ def cmd_install(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     kubectl = _kubectl(args)
+    if shutil.which(args.kubectl) is None:  # before anything is written
+        print(
+            f"error: {args.kubectl} not found: `sandman install` renders its overlay with "
+            "kubectl's kustomize and applies it with kubectl (even --dry-run=client needs "
+            "it); install kubectl (https://kubernetes.io/docs/tasks/tools/) or pass "
+            "--kubectl PATH",
+            file=sys.stderr,
+        )
+        return 1
     tmp = None
     try:
         if args.overlay_dir is None and args.dry_run == "client":
