@@ -23,6 +23,7 @@ from typing import Any
 MEDIA_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 MEDIA_CONFIG = "application/vnd.oci.image.config.v1+json"
 MEDIA_LAYER_GZIP = "application/vnd.oci.image.layer.v1.tar+gzip"
+MEDIA_INDEX = "application/vnd.oci.image.index.v1+json"
 
 # Fixed mtime for every entry (2000-01-01): layer digests depend on content only.
 EPOCH = 946684800
@@ -58,6 +59,10 @@ class ImageConfig:
     user: str = ""
     labels: dict[str, str] = field(default_factory=dict)
     exposed_ports: tuple[str, ...] = ()
+    # The platform the layers' binaries run on (platforms.py names them); a
+    # runtime refuses, or a node pulls from an index, by these.
+    architecture: str = "amd64"
+    variant: str = ""
 
     def to_json(self, layers: Iterable[Layer]) -> dict[str, Any]:
         cfg: dict[str, Any] = {"Env": list(self.env), "WorkingDir": self.working_dir}
@@ -71,14 +76,17 @@ class ImageConfig:
             cfg["Labels"] = dict(self.labels)
         if self.exposed_ports:
             cfg["ExposedPorts"] = {p: {} for p in self.exposed_ports}
-        return {
+        doc: dict[str, Any] = {
             "created": "2000-01-01T00:00:00Z",
-            "architecture": "amd64",
+            "architecture": self.architecture,
             "os": "linux",
             "config": cfg,
             "rootfs": {"type": "layers", "diff_ids": [layer.diff_id for layer in layers]},
             "history": [{"created": "2000-01-01T00:00:00Z", "created_by": "sandman image build"}],
         }
+        if self.variant:
+            doc["variant"] = self.variant
+        return doc
 
 
 class BlobStore:
@@ -192,6 +200,41 @@ def assemble(layers: list[Layer], config: ImageConfig, store: BlobStore) -> Imag
         json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode(), MEDIA_MANIFEST
     )
     return Image(man_blob, cfg_blob, tuple(layers))
+
+
+@dataclass(frozen=True)
+class ImageIndex:
+    """One tag, several platforms: an OCI image index (a "manifest list")."""
+
+    blob: Blob
+    # (platform object, image) per entry, in the index's order.
+    entries: tuple[tuple[dict[str, Any], Image], ...]
+
+    @property
+    def images(self) -> tuple[Image, ...]:
+        return tuple(image for _, image in self.entries)
+
+
+def index_json(entries: Iterable[tuple[dict[str, Any], Image]]) -> dict[str, Any]:
+    """The index document: one manifest descriptor with its platform per entry (pure)."""
+    manifests = []
+    seen: set[tuple[str, ...]] = set()
+    for platform, image in entries:
+        key = tuple(str(platform.get(k, "")) for k in ("os", "architecture", "variant"))
+        if key in seen:
+            raise ValueError(f"two images for platform {'/'.join(k for k in key if k)}")
+        seen.add(key)
+        manifests.append({**image.manifest.descriptor(), "platform": dict(platform)})
+    return {"schemaVersion": 2, "mediaType": MEDIA_INDEX, "manifests": manifests}
+
+
+def assemble_index(entries: Iterable[tuple[dict[str, Any], Image]], store: BlobStore) -> ImageIndex:
+    entries = tuple(entries)
+    doc = index_json(entries)
+    blob = store.put_bytes(
+        json.dumps(doc, sort_keys=True, separators=(",", ":")).encode(), MEDIA_INDEX
+    )
+    return ImageIndex(blob, entries)
 
 
 def unpack(image: Image, store: BlobStore, dest: Path) -> None:

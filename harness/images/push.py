@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandman.harness.images.oci import MEDIA_MANIFEST, BlobStore, Image
+from sandman.harness.images.oci import MEDIA_INDEX, BlobStore, Image, ImageIndex
 from sandman.install.images import Registry
 
 SKOPEO = "skopeo"
@@ -63,13 +63,20 @@ def skopeo_path() -> str:
     return found
 
 
-def write_oci_layout(image: Image, store: BlobStore, tag: str, dest: Path) -> str:
-    """An OCI image layout of ``image`` at ``dest`` (hard links into the store);
-    returns the skopeo reference ``oci:DEST:TAG``."""
+def write_oci_layout(image: Image | ImageIndex, store: BlobStore, tag: str, dest: Path) -> str:
+    """An OCI image layout of ``image`` (one image, or an index and every image
+    it lists) at ``dest`` (hard links into the store); returns the skopeo
+    reference ``oci:DEST:TAG``."""
     blobs = dest / "blobs" / "sha256"
     blobs.mkdir(parents=True, exist_ok=True)
-    digests = [image.manifest.digest, image.config.digest]
-    digests += [layer.blob.digest for layer in image.layers]
+    if isinstance(image, ImageIndex):
+        top, images = image.blob, image.images
+    else:
+        top, images = image.manifest, (image,)
+    digests = [top.digest]
+    for img in images:
+        digests += [img.manifest.digest, img.config.digest]
+        digests += [layer.blob.digest for layer in img.layers]
     for digest in digests:
         target = blobs / digest.split(":", 1)[1]
         if target.exists():
@@ -81,14 +88,9 @@ def write_oci_layout(image: Image, store: BlobStore, tag: str, dest: Path) -> st
     (dest / "oci-layout").write_text(json.dumps({"imageLayoutVersion": "1.0.0"}))
     index = {
         "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "mediaType": MEDIA_INDEX,
         "manifests": [
-            {
-                "mediaType": MEDIA_MANIFEST,
-                "digest": image.manifest.digest,
-                "size": image.manifest.size,
-                "annotations": {"org.opencontainers.image.ref.name": tag},
-            }
+            {**top.descriptor(), "annotations": {"org.opencontainers.image.ref.name": tag}}
         ],
     }
     (dest / "index.json").write_text(json.dumps(index))
@@ -202,13 +204,19 @@ def copy(src: str, dest: str, opts: PushOptions, extra: list[str] | None = None)
         raise PushError(explain(proc.stderr, opts))
 
 
-def push(image: Image, store: BlobStore, ref: str, opts: PushOptions, work: Path) -> str:
-    """Push ``image`` as ``ref`` (``HOST/REPO:TAG`` in ``opts.registry``); returns it."""
+def push(
+    image: Image | ImageIndex, store: BlobStore, ref: str, opts: PushOptions, work: Path
+) -> str:
+    """Push ``image`` as ``ref`` (``HOST/REPO:TAG`` in ``opts.registry``); returns it.
+
+    An index goes with every image it lists (skopeo's ``--all``: without it
+    skopeo copies only the one for this machine), so each node pulls its own.
+    """
     tag = ref.rsplit(":", 1)[1]
     layout = Path(tempfile.mkdtemp(prefix="oci-push-", dir=work))
     try:
         src = write_oci_layout(image, store, tag, layout)
-        copy(src, f"docker://{ref}", opts)
+        copy(src, f"docker://{ref}", opts, ["--all"] if isinstance(image, ImageIndex) else None)
     finally:
         shutil.rmtree(layout, ignore_errors=True)
     return ref
