@@ -1,4 +1,5 @@
-"""The Sandman client SDK (asyncio; `sandman.client.sync` wraps it for plain code).
+"""The Sandman client SDK, asyncio. ``from sandman import Sandbox`` (the module
+``sandman.client.sync``) is the same SDK with blocking calls.
 
 from sandman.client import SandmanClient, Sandbox
 
@@ -12,7 +13,9 @@ from __future__ import annotations
 from sandman.client.client import ClientState, SandmanClient
 from sandman.client.errors import (
     ClientClosed,
+    ConfigError,
     DaemonError,
+    KubernetesError,
     ProtocolError,
     ResponseTooLarge,
     SandboxGone,
@@ -21,6 +24,7 @@ from sandman.client.errors import (
     StreamAborted,
     TransportError,
     Unauthorized,
+    WaitTimeout,
 )
 from sandman.client.pty import Terminal
 from sandman.client.results import ExecResult, Process, Session
@@ -30,8 +34,10 @@ from sandman.client.transport import MockResponse, MockTransport
 __all__ = [
     "ClientClosed",
     "ClientState",
+    "ConfigError",
     "DaemonError",
     "ExecResult",
+    "KubernetesError",
     "MockResponse",
     "MockTransport",
     "Process",
@@ -48,4 +54,5 @@ __all__ = [
     "Timings",
     "TransportError",
     "Unauthorized",
+    "WaitTimeout",
 ]

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sandman import tokens
+from sandman.client.edges import sdk_errors, translated
 from sandman.client.errors import ClientClosed
 from sandman.client.podwatch import PodWatch
 from sandman.client.transport import MAX_PER_SANDBOX, HttpTransport, Transport
@@ -67,9 +68,12 @@ class SandmanClient:
         # Traces and the pool metrics endpoint, as OTEL_*/SANDMAN_METRICS_LISTEN
         # say (off by default, and then free): sandman.telemetry.
         self.telemetry = telemetry if telemetry is not None else Telemetry.from_env()
-        self.kube = kube or KubeClient.from_kubeconfig(
-            kubeconfig, context=context, user_agent="sandman-sdk"
-        )
+        if kube is None:
+            with translated("SandmanClient"):  # ConfigError: no usable kubeconfig
+                kube = KubeClient.from_kubeconfig(
+                    kubeconfig, context=context, user_agent="sandman-sdk"
+                )
+        self.kube = kube
         self.namespace = namespace or self.kube.creds.namespace
         self._max_per_sandbox = max_per_sandbox
         self._transport_arg = transport
@@ -88,6 +92,7 @@ class SandmanClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    @sdk_errors("SandmanClient.open")
     async def open(self) -> None:
         if self.state is ClientState.CLOSED:
             raise ClientClosed("this SandmanClient was closed; create a new one")
@@ -103,6 +108,7 @@ class SandmanClient:
         self.state = ClientState.OPEN
         await self.telemetry.start()
 
+    @sdk_errors("SandmanClient.close")
     async def close(self) -> None:
         if self.state is ClientState.OPEN:
             assert self._transport is not None
@@ -121,6 +127,7 @@ class SandmanClient:
         assert self._transport is not None
         return self._transport
 
+    @sdk_errors("SandmanClient.namespace_key")
     async def namespace_key(self, namespace: str, key_id: str | None = None) -> bytes:
         """K_ns for sandboxes admitted under key generation ``key_id`` (None: the
         current one), from the namespace's ``sandman-access`` Secret (read by
@@ -152,6 +159,7 @@ class SandmanClient:
             self._rings[namespace] = ring
             return ring.key_for(key_id)
 
+    @sdk_errors("SandmanClient.token_for")
     async def token_for(self, namespace: str, sandbox_id: str, key_id: str | None = None) -> str:
         """The token of a sandbox (``key_id``: its ``sandman.dev/key-id``)."""
         return tokens.sandbox_token(await self.namespace_key(namespace, key_id), sandbox_id)

@@ -1,10 +1,15 @@
-"""Errors of the Sandman SDK.
+"""Errors of the Sandman SDK: every exception it raises is a SandmanError.
 
     SandmanError
+    ├── ConfigError             no usable kubeconfig (also a KubeconfigError)
     ├── ClientClosed            the client was used after close()
     ├── SandboxStartError       a sandbox did not come up; ``reason`` and ``retryable``
     ├── SandboxGone             the sandbox's pod no longer exists (released, reclaimed)
-    ├── TransportError          the daemon could not be reached (retryable)
+    ├── KubernetesError         the apiserver refused a request (403, 409, 5xx...);
+    │                           ``status``, ``reason``, ``body`` (also an ApiError)
+    ├── WaitTimeout             a wait the caller bounded ran out (also a TimeoutError)
+    ├── TransportError          the daemon or the apiserver could not be reached, or
+    │                           the connection broke off (retryable)
     └── DaemonError             the daemon answered 4xx/5xx; ``status``, ``code``
         ├── Unauthorized        wrong or missing token (401)
         ├── StreamAborted       the daemon cut a stream it had begun (a tar whose
@@ -24,13 +29,28 @@ What a daemon answers is written inside the sandbox, where the agent may have
 replaced the daemon: every answer is read up to a bound (ResponseTooLarge past
 it) and every malformed one is a ProtocolError, never an exception of the
 JSON parser or an out-of-memory trainer.
+
+Errors of the libraries underneath (aiohttp's connection errors, asyncio's
+timeouts, the apiserver's refusals) are translated where the SDK calls them
+(``sandman.client.edges``), the original chained as ``__cause__``. The two
+that other code already catches stay catchable as before: KubernetesError is
+an ``ApiError`` and ConfigError a ``KubeconfigError``.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from sandman.kube_async import ApiError, KubeconfigError
+
 
 class SandmanError(Exception):
     pass
+
+
+class ConfigError(SandmanError, KubeconfigError):
+    """No usable cluster configuration (kubeconfig, context, credentials); the
+    message names the file, context or plugin and what to do."""
 
 
 class ClientClosed(SandmanError):
@@ -60,6 +80,25 @@ class SandboxStartError(SandmanError):
 
 class SandboxGone(SandmanError):
     pass
+
+
+class KubernetesError(SandmanError, ApiError):
+    """The apiserver answered a request with an error the SDK does not turn
+    into something more specific: 403 (RBAC: ask for the sandman-user role in
+    the namespace), 409, 422, a 5xx after the retries Retry-After allows.
+    ``status``, ``reason`` and ``body`` (the Kubernetes Status) as ApiError."""
+
+    def __init__(self, status: int, body: Any) -> None:
+        ApiError.__init__(self, status, body)
+
+    @property
+    def retryable(self) -> bool:
+        return self.status >= 500 or self.status == 429
+
+
+class WaitTimeout(SandmanError, TimeoutError):
+    """A wait bounded by the caller (``wait_pod(timeout_s=...)``) ran out
+    before its condition held. Also a TimeoutError."""
 
 
 class TransportError(SandmanError):

@@ -22,6 +22,7 @@ from sandman.client.bounded import (
     read_prefix,
 )
 from sandman.client.client import UNSET, SandmanClient
+from sandman.client.edges import sdk_errors
 from sandman.client.errors import (
     DaemonError,
     ProtocolError,
@@ -31,6 +32,7 @@ from sandman.client.errors import (
     StreamAborted,
     TransportError,
     Unauthorized,
+    WaitTimeout,
 )
 from sandman.client.results import ExecResult, Process, Session, decode_output
 from sandman.client.transport import DaemonRequest, DaemonResponse, Target
@@ -166,6 +168,7 @@ class Sandbox:
 
     # -- lifecycle -------------------------------------------------------------
     @classmethod
+    @sdk_errors("Sandbox.create")
     async def create(
         cls,
         client: SandmanClient,
@@ -240,6 +243,7 @@ class Sandbox:
         return sb
 
     @classmethod
+    @sdk_errors("Sandbox.attach")
     async def attach(
         cls, client: SandmanClient, name: str, namespace: str | None = None
     ) -> Sandbox:
@@ -260,6 +264,7 @@ class Sandbox:
             )
         return cls(client, pod)
 
+    @sdk_errors("Sandbox.wait_ready")
     async def wait_ready(
         self,
         timeout_s: float = 300.0,
@@ -304,6 +309,7 @@ class Sandbox:
                 pod=self.name,
             ) from None
 
+    @sdk_errors("Sandbox.wait_pod")
     async def wait_pod(
         self, until: Callable[[dict[str, Any]], bool], timeout_s: float = 30.0
     ) -> dict[str, Any]:
@@ -311,11 +317,16 @@ class Sandbox:
 
         The daemon can answer before the kubelet reports the container
         running, so a caller that needs status fields (``imageID``,
-        ``startedAt``) waits here for them. TimeoutError after ``timeout_s``.
+        ``startedAt``) waits here for them. WaitTimeout (a TimeoutError)
+        after ``timeout_s``.
         """
         try:
             async with asyncio.timeout(timeout_s):
                 await self._watch_until(until)
+        except TimeoutError:
+            raise WaitTimeout(
+                f"{self}: the pod's status did not come within {timeout_s:.0f}s"
+            ) from None
         except SandboxStartError as e:
             if e.reason != SandboxStartError.DELETED:
                 raise
@@ -417,6 +428,7 @@ class Sandbox:
             raise err
         return False
 
+    @sdk_errors("Sandbox.release")
     async def release(self) -> None:
         """Delete the pod (idempotent; a pod already gone is fine)."""
         if self.released:
@@ -439,6 +451,7 @@ class Sandbox:
             self._traced = self.timings
             tracing.sandbox(self.client.kube, self.pod, self.timings, error)
 
+    @sdk_errors("Sandbox.extend")
     async def extend(self, ttl: str | dt.timedelta) -> dt.datetime:
         """Move the lease's end to now + ttl (within the policy's maximum)."""
         td = parse_duration(ttl) if isinstance(ttl, str) else ttl
@@ -474,6 +487,7 @@ class Sandbox:
             )
         return Target(self.namespace, self.name, self.ip, self._token)
 
+    @sdk_errors("Sandbox")
     async def _send(
         self,
         method: str,
@@ -494,6 +508,7 @@ class Sandbox:
             raise _daemon_error(resp.status, await read_prefix(resp, MAX_ERROR_BYTES), self)
         return resp
 
+    @sdk_errors("Sandbox")
     async def _call(
         self,
         method: str,
@@ -522,6 +537,7 @@ class Sandbox:
             else payload
         )
 
+    @sdk_errors("Sandbox.exec")
     async def exec(
         self,
         cmd: str | Sequence[str],
@@ -545,6 +561,7 @@ class Sandbox:
             self._trace_start()
         return ExecResult.from_json(doc)
 
+    @sdk_errors("Sandbox.exec_stream")
     async def exec_stream(
         self,
         cmd: str | Sequence[str],
@@ -581,6 +598,7 @@ class Sandbox:
         finally:
             await chunks.aclose()  # type: ignore[attr-defined]
 
+    @sdk_errors("Sandbox.session")
     async def session(
         self, *, cwd: str | None = None, env: Mapping[str, str] | None = None
     ) -> Session:
@@ -592,6 +610,7 @@ class Sandbox:
         doc = await self._call("POST", "/v1/sessions", body=body)
         return Session(self, doc["id"])
 
+    @sdk_errors("Sandbox.pty")
     async def pty(
         self,
         cmd: str | Sequence[str] | None = None,
@@ -615,6 +634,7 @@ class Sandbox:
                 f"{self}: the terminal did not start in {timeout_s:.0f}s"
             ) from None
 
+    @sdk_errors("Sandbox.start")
     async def start(
         self,
         cmd: str | Sequence[str],
@@ -634,6 +654,7 @@ class Sandbox:
         doc = await self._call("POST", "/v1/processes", body=body)
         return Process(self, doc["id"], doc["pid"])
 
+    @sdk_errors("Sandbox.processes")
     async def processes(self) -> list[Process]:
         """The background processes the daemon keeps records of, running or
         finished (``Process.info()`` for details; names and commands are in
@@ -641,6 +662,7 @@ class Sandbox:
         doc = await self._call("GET", "/v1/processes")
         return [Process(self, p["id"], p["pid"], record=p) for p in doc["processes"]]
 
+    @sdk_errors("Sandbox.read_file")
     async def read_file(self, path: str, *, max_bytes: int = MAX_FILE_BYTES) -> bytes:
         """The file's bytes, exactly as stored. ResponseTooLarge once it passes
         ``max_bytes`` (default 256 MiB): reading stops there. For larger files
@@ -654,6 +676,7 @@ class Sandbox:
             "read_file_chunks(path)",
         )
 
+    @sdk_errors("Sandbox.read_file_chunks")
     async def read_file_chunks(self, path: str) -> AsyncIterator[bytes]:
         """The file's bytes as they arrive, never held whole. The first step
         raises the daemon's error (a missing file) before any byte; a file cut
@@ -667,6 +690,7 @@ class Sandbox:
         finally:
             await chunks.aclose()  # type: ignore[attr-defined]
 
+    @sdk_errors("Sandbox.write_file")
     async def write_file(
         self, path: str, data: bytes | str, *, mode: str = "0644", mkdirs: bool = True
     ) -> None:
@@ -703,6 +727,7 @@ class Sandbox:
             params={"path": directory, "mkdirs": "1"},
         )
 
+    @sdk_errors("Sandbox.download_tar")
     async def download_tar(
         self, path: str, *, gzip: bool = False, max_bytes: int = MAX_FILE_BYTES
     ) -> bytes:
@@ -739,11 +764,13 @@ class Sandbox:
             raise err
         return bytes(data)
 
+    @sdk_errors("Sandbox.reset")
     async def reset(self) -> dict[str, Any]:
         """Restore for reuse. Before reusing, ask ``reuse_refusal(report)``: a
         sandbox with drift, or whose container restarted, must be replaced."""
         return await self._call("POST", "/v1/reset", timeout=300)  # type: ignore[no-any-return]
 
+    @sdk_errors("Sandbox.reuse_refusal")
     async def reuse_refusal(self, report: dict[str, Any]) -> str | None:
         """Why this sandbox must be replaced after ``reset()`` answered
         ``report``, or None when it may serve another rollout.
@@ -764,6 +791,7 @@ class Sandbox:
         self.pod = pod
         return reuse.refusal(report, pod)
 
+    @sdk_errors("Sandbox.status")
     async def status(self) -> dict[str, Any]:
         return await self._call("GET", "/v1/status")  # type: ignore[no-any-return]
 

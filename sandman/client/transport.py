@@ -105,8 +105,14 @@ class _AiohttpResponse:
         try:
             async for chunk in self._resp.content.iter_any():
                 yield chunk
-        except aiohttp.ClientError as e:  # the body broke off (e.g. a cut chunked stream)
-            raise TransportError(f"{self._resp.url.path}: the answer broke off: {e}") from e
+        except TimeoutError as e:  # the call's timeout ran out mid-answer (aiohttp's too)
+            raise TransportError(
+                f"{self._resp.url.path}: the answer timed out ({type(e).__name__})"
+            ) from e
+        except (aiohttp.ClientError, OSError) as e:  # the body broke off (a cut chunked stream)
+            raise TransportError(
+                f"{self._resp.url.path}: the answer broke off: {e or type(e).__name__}"
+            ) from e
         finally:
             # A body left unread makes aiohttp close the connection rather
             # than pool it: the rest is never read.
@@ -134,7 +140,10 @@ class _AiohttpSocket:
             raise TransportError(f"{self._what}: the connection broke off: {e}") from e
 
     async def receive(self) -> bytes | str | None:
-        msg = await self._ws.receive()
+        try:
+            msg = await self._ws.receive()
+        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+            raise TransportError(f"{self._what}: the connection broke off: {e!r}") from e
         if msg.type == aiohttp.WSMsgType.BINARY:
             return bytes(msg.data)
         if msg.type == aiohttp.WSMsgType.TEXT:
@@ -144,7 +153,10 @@ class _AiohttpSocket:
         return None  # CLOSE, CLOSING, CLOSED
 
     async def close(self) -> None:
-        await self._ws.close()
+        try:
+            await self._ws.close()
+        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+            raise TransportError(f"{self._what}: closing: {e!r}") from e
 
 
 # What aiohttp needs to open a WebSocket: the handshake within the call's
@@ -260,8 +272,15 @@ class HttpTransport:
                     chunked=True if body else None,
                     **self.kube.request_options(),
                 )
+        except TimeoutError as e:  # no answer within the call's timeout (aiohttp's too)
+            raise TransportError(
+                f"sandbox {target.namespace}/{target.name}: {req.method} {req.path}: "
+                f"no answer in {timeout:g}s ({type(e).__name__})"
+            ) from e
         except (aiohttp.ClientError, OSError) as e:
-            raise TransportError(f"sandbox {target.namespace}/{target.name}: {e}") from e
+            raise TransportError(
+                f"sandbox {target.namespace}/{target.name}: {e or type(e).__name__}"
+            ) from e
         return _AiohttpResponse(resp)
 
     async def websocket(self, target: Target, path: str, timeout: float) -> DaemonSocket:
