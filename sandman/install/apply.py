@@ -22,7 +22,7 @@ import yaml
 
 from sandman import __version__
 from sandman.contract import ACCESS_SECRET, ANN_INJECTED, LABEL_SANDBOX, NAMESPACE
-from sandman.install import render
+from sandman.install import kubeversion, render
 
 FIELD_MANAGER = "sandman-install"
 # Apply order does not matter to the apiserver, but webhook configurations
@@ -118,6 +118,13 @@ def documents(rendered: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(rendered) if d]
 
 
+def release_documents(kubectl: Kubectl) -> list[dict[str, Any]]:
+    """Everything this release may have installed without an overlay to say
+    what: the manifests and the node installer (``--delivery node`` only)."""
+    docs = documents(render_overlay(kubectl, manifests_dir()))
+    return docs + documents(render_overlay(kubectl, manifests_dir() / "node"))
+
+
 def apply(
     kubectl: Kubectl, overlay: Path, *, server_dry_run: bool = False, force_conflicts: bool = False
 ) -> str:
@@ -143,6 +150,26 @@ def apply(
 
 
 ROLLED_OUT = ("Deployment", "DaemonSet")  # what `kubectl rollout status` waits for
+# A pod the scheduler cannot place may still get a node (a cluster autoscaler
+# adding one takes a minute or two): said at once, fatal after this long.
+UNSCHEDULABLE_GRACE_S = 120.0
+WAIT_POLL_S = 2.0
+# Container waiting reasons that retrying does not cure: the install stops
+# at the first one, naming the pod, its node and the kubelet's message.
+FATAL_WAITING = frozenset(
+    {
+        "ImagePullBackOff",  # ErrImagePull twice: no such image, no access, wrong platform
+        "InvalidImageName",
+        "ErrImageNeverPull",
+        "CreateContainerConfigError",  # a Secret or ConfigMap key it names is missing
+    }
+)
+# A crash loop is fatal after this many restarts (a component may exit once
+# while, say, the apiserver is slow), or at once when the binary cannot run.
+CRASH_RESTARTS = 3
+# An ErrImagePull that will not pass on retry: the image has no build for the
+# node's platform.
+PLATFORM_MISMATCH = ("no match for platform", "no matching manifest", "exec format error")
 
 
 def workloads(docs: Sequence[dict[str, Any]]) -> list[tuple[str, str, str]]:
@@ -154,25 +181,191 @@ def workloads(docs: Sequence[dict[str, Any]]) -> list[tuple[str, str, str]]:
     ]
 
 
+def rolled_out(obj: dict[str, Any]) -> bool:
+    """A Deployment or DaemonSet whose current template runs everywhere it
+    should, all Available (the test `kubectl rollout status` makes)."""
+    spec, status = obj.get("spec") or {}, obj.get("status") or {}
+    if status.get("observedGeneration", 0) < obj["metadata"].get("generation", 1):
+        return False
+    if obj["kind"] == "DaemonSet":
+        want = status.get("desiredNumberScheduled", 0)
+        return (
+            status.get("updatedNumberScheduled", 0) >= want
+            and status.get("numberAvailable", 0) >= want
+        )
+    want = spec.get("replicas", 1)
+    updated = status.get("updatedReplicas", 0)
+    return (
+        updated >= want
+        and status.get("replicas", 0) <= updated
+        and status.get("availableReplicas", 0) >= updated
+    )
+
+
+@dataclass(frozen=True)
+class PodProblem:
+    """Why a pod is not running; ``fatal``: waiting will not fix it."""
+
+    pod: str  # namespace/name
+    node: str | None
+    reason: str
+    fatal: bool
+
+    def __str__(self) -> str:
+        where = f"on node {self.node}" if self.node else "(not scheduled)"
+        return f"pod {self.pod} {where}: {self.reason}"
+
+
+def pod_problem(pod: dict[str, Any]) -> PodProblem | None:
+    """What keeps ``pod`` from starting, if anything (pure: a pod's JSON).
+
+    Worked examples (tests/unit/install/test_wait.py):
+    - Pending, PodScheduled False/Unschedulable "0/3 nodes are available: 3
+      node(s) didn't match Pod's node affinity/selector" -> not fatal (yet),
+      the scheduler's message;
+    - container waiting ImagePullBackOff "... no match for platform in
+      manifest" on node ip-10-0-1-5 -> fatal, naming node and message;
+    - waiting ErrImagePull with the same message -> fatal at once (no retry
+      makes an arm64 build appear); any other ErrImagePull -> not fatal;
+    - CrashLoopBackOff, last exit 1 -> fatal from the third restart on, with
+      the last exit; at once if that exit was "exec format error" (a binary
+      of another architecture);
+    - Running and Ready, or being deleted -> None.
+    """
+    meta, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
+    if meta.get("deletionTimestamp"):
+        return None
+    name = f"{meta.get('namespace', '')}/{meta['name']}"
+    node = spec.get("nodeName") or None
+    if status.get("phase") == "Failed":
+        why = status.get("reason") or "Failed"
+        return PodProblem(name, node, f"{why}: {status.get('message', '')}".strip(": "), True)
+    for cond in status.get("conditions") or []:
+        if (
+            cond.get("type") == "PodScheduled"
+            and cond.get("status") == "False"
+            and cond.get("reason") == "Unschedulable"
+        ):
+            return PodProblem(name, None, f"unschedulable: {cond.get('message', '')}", False)
+    statuses = [
+        *(status.get("initContainerStatuses") or []),
+        *(status.get("containerStatuses") or []),
+    ]
+    for cs in statuses:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        reason, message = waiting.get("reason", ""), waiting.get("message", "")
+        if not reason or reason in ("PodInitializing", "ContainerCreating"):
+            continue
+        text = f"container {cs.get('name')}: {reason}"
+        if message:
+            text += f": {message}"
+        last = ((cs.get("lastState") or {}).get("terminated")) or {}
+        if reason == "CrashLoopBackOff" and last:
+            text += (
+                f" (last exit {last.get('exitCode')}"
+                f"{', ' + last['reason'] if last.get('reason') else ''}"
+                f"{': ' + last['message'].strip() if last.get('message') else ''})"
+            )
+        mismatch = any(m in f"{message} {last.get('message', '')}" for m in PLATFORM_MISMATCH)
+        if mismatch:
+            text += "; the image has no build for this node's platform (kubernetes.io/arch)"
+        crashed = reason == "CrashLoopBackOff" and cs.get("restartCount", 0) >= CRASH_RESTARTS
+        return PodProblem(name, node, text, reason in FATAL_WAITING or mismatch or crashed)
+    return None
+
+
+def _selector(obj: dict[str, Any]) -> dict[str, str]:
+    return dict(((obj.get("spec") or {}).get("selector") or {}).get("matchLabels") or {})
+
+
+def _owned(pod: dict[str, Any], selector: dict[str, str]) -> bool:
+    labels = pod["metadata"].get("labels") or {}
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def _get_json(kubectl: Kubectl, *args: str) -> dict[str, Any]:
+    out = kubectl.run(*args, "-o", "json", timeout=60).stdout
+    return dict(json.loads(out))
+
+
 def wait_available(
     kubectl: Kubectl,
     docs: Sequence[dict[str, Any]],
     timeout_s: float = READY_TIMEOUT_S,
     progress: Progress = print,
+    unschedulable_grace_s: float = UNSCHEDULABLE_GRACE_S,
 ) -> None:
     """Every Deployment and DaemonSet rolled out (all pods of the new template
-    Available: for the node installer, every node it runs on holds the tree)."""
+    Available: for the node installer, every node it runs on holds the tree).
+
+    Fails fast rather than at the timeout when a pod cannot start (an image
+    it cannot pull or run, a crash loop, a missing Secret key), naming the
+    pod, its node and the reason; a pod the scheduler cannot place is said
+    at once and fatal after ``unschedulable_grace_s``."""
     deadline = time.monotonic() + timeout_s
-    for kind, ns, name in workloads(docs):
-        left = max(1, int(deadline - time.monotonic()))
-        res = f"{kind.lower()}/{name}"
-        proc = kubectl.run("-n", ns, "rollout", "status", res, f"--timeout={left}s", check=False)
-        if proc.returncode != 0:
+    pending = workloads(docs)
+    waiting_since: dict[str, float] = {}
+    said: set[str] = set()
+    while True:
+        problems: list[PodProblem] = []
+        for ns in sorted({ns for _, ns, _ in pending}):
+            names = [f"{k.lower()}/{n}" for k, wns, n in pending if wns == ns]
+            got = _get_json(kubectl, "-n", ns, "get", *names)
+            objs = {(o["kind"], ns, o["metadata"]["name"]): o for o in got.get("items", [got])}
+            pods = _get_json(kubectl, "-n", ns, "get", "pods").get("items", [])
+            for key in [k for k in pending if k[1] == ns]:
+                obj = objs.get(key)
+                if obj is None:
+                    continue
+                if rolled_out(obj):
+                    pending.remove(key)
+                    extra = ""
+                    if key[0] == "DaemonSet" and not (obj.get("status") or {}).get(
+                        "desiredNumberScheduled"
+                    ):
+                        extra = " (on no node: none matches its node affinity)"
+                    progress(f"  {ns}/{key[2]} available{extra}")
+                    continue
+                sel = _selector(obj)
+                problems += [p for p in map(pod_problem, (q for q in pods if _owned(q, sel))) if p]
+        if not pending:
+            return
+        now = time.monotonic()
+        for p in problems:
+            if p.fatal:
+                raise InstallError(
+                    f"{p}; see `kubectl -n {p.pod.split('/')[0]} describe pod "
+                    f"{p.pod.split('/')[1]}`"
+                )
+            first = waiting_since.setdefault(p.pod, now)
+            if p.pod not in said:
+                said.add(p.pod)
+                progress(f"  waiting: {p}")
+            if now - first >= unschedulable_grace_s:
+                hint = ""
+                if p.reason.startswith("unschedulable"):
+                    hint = (
+                        "; Sandman's pods run on Linux nodes of the images' architectures "
+                        "(manifests/components/platforms)"
+                    )
+                raise InstallError(f"{p} (for {now - first:.0f} s){hint}")
+        if now >= deadline:
+            left = ", ".join(f"{k.lower()} {ns}/{n}" for k, ns, n in pending)
+            detail = "; ".join(str(p) for p in problems) or "no pod reports a problem"
             raise InstallError(
-                f"{kind.lower()} {ns}/{name} did not become available: {proc.stderr.strip()}; "
-                f"see `kubectl -n {ns} describe {res}` and its pods' events"
+                f"not available after {timeout_s:.0f} s: {left} ({detail}); see "
+                "`kubectl describe` of each and its pods' events"
             )
-        progress(f"  {ns}/{name} available")
+        time.sleep(WAIT_POLL_S)
+
+
+def server_version(kubectl: Kubectl) -> kubeversion.KubeVersion:
+    """The apiserver's version (its ``/version``, readable by any client)."""
+    out = kubectl.run("get", "--raw", "/version", timeout=60).stdout
+    try:
+        return kubeversion.KubeVersion.from_server(json.loads(out))
+    except (ValueError, kubeversion.VersionError) as e:
+        raise InstallError(f"the apiserver's /version: {e}") from None
 
 
 def probe_pod(image: str) -> dict[str, Any]:

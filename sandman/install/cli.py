@@ -19,8 +19,9 @@ from pathlib import Path
 
 from sandman import __version__
 from sandman.install import apply as ap
-from sandman.install import render
+from sandman.install import kubeversion, render
 from sandman.install.images import ImageNameError, Registry
+from sandman.webhook.mutate import DELIVERIES
 
 DEFAULT_OVERLAY = Path("sandman-overlay")
 
@@ -50,6 +51,28 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         action="store_true",
         help="the webhook's TLS from cert-manager (Certificate + inject-ca-from) instead of "
         "its own",
+    )
+    p.add_argument(
+        "--monitoring",
+        action="store_true",
+        help="also the Prometheus Operator objects and the Grafana dashboard "
+        "(manifests/monitoring; the operator's CRDs must be installed)",
+    )
+    p.add_argument(
+        "--delivery",
+        choices=DELIVERIES,
+        default=render.DEFAULT_DELIVERY,
+        help="how the daemon reaches sandboxes (docs/install.md): copy = into each pod "
+        "(default), shared = once per node, node = the node installer DaemonSet, the only "
+        "one that runs a (privileged-namespace) pod on every node",
+    )
+    p.add_argument(
+        "--scheduler-image",
+        default=None,
+        metavar="NAME:TAG",
+        help="a kube-scheduler for the cluster's Kubernetes minor, the tag naming its "
+        f"version (e.g. {kubeversion.UPSTREAM}:v1.33.9); default: the release's "
+        f"sandman-scheduler, kube-scheduler {'.'.join(map(str, kubeversion.SCHEDULER_MINOR))}",
     )
     p.add_argument(
         "--overlay-dir",
@@ -105,9 +128,14 @@ def cmd_install(args: argparse.Namespace) -> int:
             version=args.version,
             registry=Registry.parse(args.registry) if args.registry else None,
             cert_manager=args.cert_manager,
+            delivery=args.delivery,
+            scheduler_image=args.scheduler_image,
+            monitoring=args.monitoring,
         )
         render.images(opts)  # a bad version fails here, before anything is written
-    except ImageNameError as e:
+        if args.scheduler_image:  # its tag must say which Kubernetes it is for
+            kubeversion.image_minor(args.scheduler_image)
+    except (ImageNameError, kubeversion.VersionError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     kubectl = _kubectl(args)
@@ -122,6 +150,12 @@ def cmd_install(args: argparse.Namespace) -> int:
         return 1
     tmp = None
     try:
+        if args.dry_run != "client":  # the client dry run needs no cluster
+            verdict = kubeversion.check(ap.server_version(kubectl), args.scheduler_image)
+            print(verdict.message, file=sys.stderr)
+            if not verdict.ok:
+                print("error: not installed (nothing was written or applied)", file=sys.stderr)
+                return 1
         if args.overlay_dir is None and args.dry_run == "client":
             tmp = tempfile.TemporaryDirectory(prefix="sandman-overlay-")
             overlay = Path(tmp.name)
@@ -163,12 +197,12 @@ def cmd_uninstall(args: argparse.Namespace) -> int:
     kubectl = _kubectl(args)
     try:
         if args.overlay_dir is not None:
-            rendered = ap.render_overlay(kubectl, args.overlay_dir)
+            docs = ap.documents(ap.render_overlay(kubectl, args.overlay_dir))
         else:
-            rendered = ap.render_overlay(kubectl, ap.manifests_dir())
+            docs = ap.release_documents(kubectl)
         ap.uninstall(
             kubectl,
-            ap.documents(rendered),
+            docs,
             purge_access=args.purge_access_secrets,
             progress=lambda m: print(m, file=sys.stderr),
         )
