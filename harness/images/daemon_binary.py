@@ -22,6 +22,13 @@ logic finding the stdlib beside it. On a host (tests, benchmarks), run it
 through its loader: ``rt/lib/ld-linux-x86-64.so.2 rt/bin/sandmand -I -S -m
 sandman.daemon ...`` (see :func:`host_argv`).
 
+Other architectures (arm64): the same tree from Debian's packages for that
+architecture (``debs.py``: python3.11 and the libraries it loads, the
+standard library from the same packages), its interpreter patched the same
+way; the build checks it, and the tests run it, under Debian's
+qemu-user-static (:func:`host_argv` puts qemu in front). Such trees are
+cached under ``<cache>/daemon/<arch>/``.
+
 Cached under ``<cache>/daemon/tree-<key>/`` where the key hashes the recipe
 revision, every daemon source file, ``sandman/__init__.py``,
 ``sandman/contract.py`` and the bytes of every interpreter file copied in:
@@ -50,6 +57,8 @@ from pathlib import Path
 import sandman
 from sandman.contract import DAEMON_ARGV, DAEMON_RUNTIME_DIR
 from sandman.harness.cluster.config import default_cache_dir
+from sandman.harness.images import debs, platforms
+from sandman.harness.images.platforms import Arch
 
 # The checkout's root (daemon/ beside sandman/), or, installed from a wheel,
 # the sandman package dir (daemon/ is sandman/daemon/ there): either way the
@@ -71,7 +80,6 @@ PY_DIR = "python3.11"
 
 # Where the tree lives in a sandbox: the ELF interpreter path is absolute.
 RUNTIME_DIR = DAEMON_RUNTIME_DIR
-LOADER = "ld-linux-x86-64.so.2"
 # The daemon image's user: non-root, as Pod Security `restricted` wants (the
 # distroless "nonroot" uid, which no image's own user is likely to be).
 IMAGE_UID = 65532
@@ -171,7 +179,7 @@ EXCLUDES = (
     "_aix_support",
     "_bootsubprocess",
     "sysconfig",
-    "_sysconfigdata__x86_64-linux-gnu",
+    *(f"_sysconfigdata__{a.triplet}" for a in platforms.ARCHES.values()),
     "plistlib",
     "netrc",
     "getpass",
@@ -180,10 +188,31 @@ EXCLUDES = (
     "calendar",
 )
 
+# Debian's packages a tree for another architecture is made of: the
+# interpreter, its standard library and the libraries it and the kept
+# extension modules load (pybase.LIB_PACKAGES without the CA bundle).
+FOREIGN_PACKAGES = (
+    "python3.11-minimal",
+    "libpython3.11-minimal",
+    "libpython3.11-stdlib",
+    "libc6",
+    "zlib1g",
+    "libexpat1",
+    "libssl3",
+    "libffi8",
+    "libbz2-1.0",
+    "liblzma5",
+    "libuuid1",
+    "libgcc-s1",
+)
+
+# The stdlib is the target's (argv[4]); extension modules are found by the
+# host's names (the finder knows only the host's suffixes) and mapped to the
+# target's files afterwards (same Python, same modules).
 _FINDER = r"""
 import json, modulefinder, sys
 staged, roots, excludes = sys.argv[1], sys.argv[2].split(","), sys.argv[3].split(",")
-path = [staged, "/usr/lib/python3.11", "/usr/lib/python3.11/lib-dynload"]
+path = [staged, sys.argv[4], "/usr/lib/python3.11/lib-dynload"]
 f = modulefinder.ModuleFinder(path=path, excludes=excludes)
 for r in roots:
     f.import_hook(r)
@@ -224,6 +253,63 @@ def _digest(parts: Sequence[tuple[str, bytes]]) -> str:
     return h.hexdigest()[:KEY_CHARS]
 
 
+class _Python:
+    """Where a tree's interpreter, libraries and standard library come from:
+    the host's own files, or a sysroot of Debian's packages for ``arch``."""
+
+    def __init__(self, arch: Arch, cache_dir: Path | None = None) -> None:
+        self.arch = arch
+        self.foreign = not platforms.is_host(arch)
+        self.cache_dir = cache_dir or default_cache_dir()
+        self._root: Path | None = None
+
+    @property
+    def sysroot(self) -> Path:
+        if self._root is None:
+            try:
+                deb = debs.Debian(self.cache_dir, self.arch.name)
+                self._root = deb.sysroot(FOREIGN_PACKAGES)
+            except debs.DebError as e:
+                raise DaemonBuildError(f"Debian's {self.arch} packages: {e}") from e
+        return self._root
+
+    @property
+    def python(self) -> Path:
+        return self.sysroot / "usr/bin" / PY_DIR if self.foreign else BUILD_PYTHON
+
+    @property
+    def stdlib(self) -> Path:
+        return self.sysroot / "usr/lib" / PY_DIR if self.foreign else STDLIB
+
+    def files(self) -> list[Path]:
+        """The interpreter and the shared libraries it loads (the loader included)."""
+        if not self.foreign:
+            return _interpreter_files()
+        libdirs = [self.sysroot / d / self.arch.triplet for d in ("usr/lib", "lib")]
+        try:
+            libs = debs.library_closure([self.python], libdirs, extra=[self.arch.loader])
+        except debs.DebError as e:
+            raise DaemonBuildError(f"the {self.arch} interpreter's libraries: {e}") from e
+        return [self.python, *(libs[n] for n in sorted(libs))]
+
+    def extension(self, host_file: Path) -> Path:
+        """The target's file of an extension module the finder found on the host."""
+        if not self.foreign:
+            return host_file
+        host = platforms.host()
+        name = host_file.name.replace(f"-{host.triplet}.so", f"-{self.arch.triplet}.so")
+        return self.stdlib / "lib-dynload" / name
+
+    def emulator(self) -> list[str]:
+        """What runs the tree's ELF files here: nothing, or qemu-user."""
+        if not self.foreign:
+            return []
+        try:
+            return [str(debs.qemu_user(self.cache_dir, self.arch))]
+        except debs.DebError as e:
+            raise DaemonBuildError(f"qemu-user for {self.arch}: {e}") from e
+
+
 def _interpreter_files() -> list[Path]:
     """The interpreter and the shared libraries it loads (resolved)."""
     if not os.access(BUILD_PYTHON, os.X_OK) or not (STDLIB / "os.py").exists():
@@ -238,14 +324,22 @@ def _interpreter_files() -> list[Path]:
         parts = line.split()
         if "=>" in parts and len(parts) >= 3 and parts[2].startswith("/"):
             libs.append(Path(parts[2]))
-        elif parts and parts[0].startswith("/") and LOADER in parts[0]:
+        elif parts and parts[0].startswith("/") and platforms.host().loader in parts[0]:
             libs.append(Path(parts[0]))
     return [BUILD_PYTHON, *libs]
 
 
-def tree_key() -> str:
+def tree_key(arch: Arch | None = None, cache_dir: Path | None = None) -> str:
+    py = _Python(arch or platforms.host(), cache_dir)
     parts = [("revision", str(BUILD_REVISION).encode())]
-    parts += [(str(p), p.read_bytes()) for p in _interpreter_files()]
+    if py.foreign:
+        # The host's key stays what it was; another architecture's names its
+        # packages' files (their hashes are in the sysroot's name).
+        parts += [("arch", py.arch.name.encode()), ("sysroot", py.sysroot.name.encode())]
+        files = py.files()
+        parts += [(str(p.relative_to(py.sysroot)), p.read_bytes()) for p in files]
+    else:
+        parts += [(str(p), p.read_bytes()) for p in _interpreter_files()]
     parts += [
         ("sandman/__init__.py", PARENT_INIT.read_bytes()),
         ("sandman/contract.py", CONTRACT.read_bytes()),
@@ -254,9 +348,10 @@ def tree_key() -> str:
     return _digest(parts)
 
 
-def current_key() -> str:
-    """The cache key of the tree for the current sources (no build)."""
-    return tree_key()
+def current_key(arch: Arch | None = None, cache_dir: Path | None = None) -> str:
+    """The cache key of the tree for the current sources (no build; another
+    architecture's packages are fetched to know their files)."""
+    return tree_key(arch, cache_dir)
 
 
 def daemon_version() -> str:
@@ -276,10 +371,13 @@ def serve_argv(rt: str = RUNTIME_DIR) -> list[str]:
     return [f"{rt}/bin/sandmand", *SERVE_FLAGS]
 
 
-def host_argv(tree: Path) -> list[str]:
-    """argv prefix that runs a cached tree from wherever it lies (on a host)."""
+def host_argv(tree: Path, arch: Arch | None = None, cache_dir: Path | None = None) -> list[str]:
+    """argv prefix that runs a cached tree from wherever it lies (on a host;
+    a tree of another architecture under qemu-user)."""
+    py = _Python(arch or platforms.host(), cache_dir)
     rt = tree / "rt"
-    return [str(rt / "lib" / LOADER), str(rt / "bin" / "sandmand"), *SERVE_FLAGS]
+    loader = rt / "lib" / py.arch.loader
+    return [*py.emulator(), str(loader), str(rt / "bin" / "sandmand"), *SERVE_FLAGS]
 
 
 # -- building ------------------------------------------------------------------
@@ -355,10 +453,20 @@ def _stage_sources(src: Path) -> None:
     )
 
 
-def _find_modules(staged: Path, log: Path) -> dict[str, dict[str, object]]:
+def _find_modules(staged: Path, log: Path, stdlib: Path = STDLIB) -> dict[str, dict[str, object]]:
     out = _run(
         "modulefinder",
-        [BUILD_PYTHON, "-I", "-S", "-c", _FINDER, staged, ",".join(LAZY_ROOTS), ",".join(EXCLUDES)],
+        [
+            BUILD_PYTHON,
+            "-I",
+            "-S",
+            "-c",
+            _FINDER,
+            staged,
+            ",".join(LAZY_ROOTS),
+            ",".join(EXCLUDES),
+            stdlib,
+        ],
         log,
     )
     doc = json.loads(out)
@@ -393,37 +501,41 @@ def _compile(src: Path, dest: Path) -> None:
     )
 
 
-def _assemble(tree: Path, staged: Path, patchelf: Path, log: Path) -> None:
+def _assemble(tree: Path, staged: Path, patchelf: Path, log: Path, py: _Python) -> None:
     rt = tree / "rt"
     lib = rt / "lib"
     pylib = lib / PY_DIR
     dynload = pylib / "lib-dynload"
     for d in (rt / "bin", dynload):
         d.mkdir(parents=True)
-    modules = _find_modules(staged, log)
+    modules = _find_modules(staged, log, py.stdlib)
     for _, m in sorted(modules.items()):
         file = m["file"]
         if not file:  # built into the interpreter
             continue
         src = Path(str(file))
         if src.suffix == ".so":
-            shutil.copy2(src, dynload / src.name)
+            target = py.extension(src)
+            if not target.exists():
+                raise DaemonBuildError(f"{target} (for {src.name}) missing from the packages")
+            shutil.copy2(target, dynload / target.name)
             continue
-        base = staged if src.is_relative_to(staged) else STDLIB
+        base = staged if src.is_relative_to(staged) else py.stdlib
         rel = src.relative_to(base)
         _compile(src, pylib / rel.with_suffix(".pyc"))
     if "os" not in modules:
         raise DaemonBuildError("modulefinder did not reach os: the stdlib landmark is missing")
     exe = rt / "bin" / "sandmand"
-    shutil.copy2(BUILD_PYTHON, exe)
-    for so in _interpreter_files()[1:]:
+    files = py.files()
+    shutil.copy2(files[0], exe)
+    for so in files[1:]:
         shutil.copy2(so, lib / so.name, follow_symlinks=True)
     _run(
         "patchelf",
         [
             patchelf,
             "--set-interpreter",
-            f"{RUNTIME_DIR}/lib/{LOADER}",
+            f"{RUNTIME_DIR}/lib/{py.arch.loader}",
             # DT_RPATH, not DT_RUNPATH: searched before LD_LIBRARY_PATH, so an
             # image's LD_LIBRARY_PATH can never hand the daemon a foreign libc.
             "--force-rpath",
@@ -435,11 +547,12 @@ def _assemble(tree: Path, staged: Path, patchelf: Path, log: Path) -> None:
     )
 
 
-def _smoke(tree: Path) -> None:
-    """The tree must run, from its loader, in isolation, printing its version."""
+def _smoke(tree: Path, py: _Python) -> None:
+    """The tree must run, from its loader, in isolation, printing its version
+    (another architecture's under qemu-user)."""
     want = daemon_version()
     got = subprocess.run(
-        [*host_argv(tree), "version"],
+        [*host_argv(tree, py.arch, py.cache_dir), "version"],
         env={"PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,
@@ -470,7 +583,7 @@ def _prune(root: Path, keep: set[str]) -> None:
             entry.unlink(missing_ok=True)
 
 
-def _build_once(root: Path, key: str, progress: Progress) -> Path | None:
+def _build_once(root: Path, key: str, progress: Progress, py: _Python) -> Path | None:
     log = root / "build.log"
     log.write_text(f"# sandmand tree build {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n")
     started = time.monotonic()
@@ -482,11 +595,11 @@ def _build_once(root: Path, key: str, progress: Progress) -> Path | None:
         _stage_sources(staged)
         tree = work / final.name
         tree.mkdir()
-        progress("assembling the daemon runtime tree (interpreter, loader, modules)")
-        _assemble(tree, staged, patchelf, log)
+        progress(f"assembling the daemon runtime tree for {py.arch} (interpreter, loader, modules)")
+        _assemble(tree, staged, patchelf, log, py)
         (tree / "rt" / "VERSION").write_text(f"{daemon_version()} {key}\n")
-        _smoke(tree)
-        if tree_key() != key:
+        _smoke(tree, py)
+        if tree_key(py.arch, py.cache_dir) != key:
             return None  # the sources changed while we built
         tree.rename(final)
     finally:
@@ -497,20 +610,30 @@ def _build_once(root: Path, key: str, progress: Progress) -> Path | None:
     return final
 
 
-def ensure_daemon_tree(cache_dir: Path, progress: Progress = _stderr) -> Path:
-    """The runtime tree (its root; the daemon is ``rt/`` in it), built if needed."""
-    root = cache_dir / "daemon"
+def tree_root(cache_dir: Path, arch: Arch | None = None) -> Path:
+    """Where trees of ``arch`` are cached (each architecture prunes only its own)."""
+    arch = arch or platforms.host()
+    return cache_dir / "daemon" if platforms.is_host(arch) else cache_dir / "daemon" / arch.name
+
+
+def ensure_daemon_tree(
+    cache_dir: Path, progress: Progress = _stderr, arch: Arch | None = None
+) -> Path:
+    """The runtime tree (its root; the daemon is ``rt/`` in it), built if needed;
+    ``arch``: for another architecture (default: this machine's)."""
+    py = _Python(arch or platforms.host(), cache_dir)
+    root = tree_root(cache_dir, py.arch)
     root.mkdir(parents=True, exist_ok=True)
-    key = tree_key()
+    key = tree_key(py.arch, cache_dir)
     if (root / f"tree-{key}" / "rt" / "VERSION").exists():
         return root / f"tree-{key}"
     with _locked(root / ".lock", progress):
         for _ in range(3):  # sources saved mid-build: try again, then give up
-            key = tree_key()
+            key = tree_key(py.arch, cache_dir)
             final = root / f"tree-{key}"
             if (final / "rt" / "VERSION").exists():
                 return final
-            built = _build_once(root, key, progress)
+            built = _build_once(root, key, progress, py)
             if built is not None:
                 return built
             progress("the daemon's sources changed during the build; building again")
@@ -527,9 +650,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Build the daemon's runtime tree (cached).")
     p.add_argument("--out", type=Path, help="also copy the tree (its rt/) here")
     p.add_argument("--cache-dir", type=Path, default=None, help="default: ~/.cache/sandman")
+    p.add_argument(
+        "--arch",
+        default=None,
+        choices=sorted(platforms.ARCHES),
+        help="build for this architecture (default: this machine's)",
+    )
     args = p.parse_args(argv)
     try:
-        tree = ensure_daemon_tree(args.cache_dir or default_cache_dir())
+        arch = platforms.get(args.arch) if args.arch else None
+        tree = ensure_daemon_tree(args.cache_dir or default_cache_dir(), arch=arch)
     except DaemonBuildError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
