@@ -21,7 +21,11 @@ from sandman.harness.images.build import (
 )
 from sandman.harness.images.controller import ControllerBuildError
 from sandman.harness.images.daemon_binary import DaemonBuildError
-from sandman.harness.images.push import PushError, PushOptions, export_archive, push
+from sandman.harness.images.debs import DebError
+from sandman.harness.images.oci import Image, ImageIndex
+from sandman.harness.images.platforms import Arch, UnknownArch, parse_arches
+from sandman.harness.images.push import PushError, PushOptions, export_archive
+from sandman.harness.images.push import push as push_image
 from sandman.harness.images.pybase import PyBaseError
 from sandman.harness.images.registry import Registry as LoopbackRegistry
 from sandman.harness.images.registry import RegistryError
@@ -31,6 +35,15 @@ VERSION_HELP = (
     "the one version that tags every component image (default: the release, "
     f"{components.RELEASE}; `dev`: {components.RELEASE}-dev.<content digest>)"
 )
+ARCH_HELP = (
+    "architectures, comma-separated: amd64, arm64 (default: this machine's). Another "
+    "architecture's images come from Debian's packages for it and Go's cross-compiler; "
+    "the test images and add-ons are built for this machine's only"
+)
+
+
+def _add_arch(p: argparse.ArgumentParser, extra: str = "") -> None:
+    p.add_argument("--arch", default=None, metavar="ARCH[,ARCH]", help=ARCH_HELP + extra)
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -50,6 +63,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "any other registry: `sandman image push`",
     )
     b.add_argument("--no-push", action="store_true", help="build into the cache only")
+    _add_arch(b, "; several push one index per image (skopeo), so each node pulls its own")
     b.set_defaults(func=cmd_build)
 
     ps = isub.add_parser(
@@ -76,6 +90,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="allow plain HTTP or an unverified certificate (loopback registries that speak "
         "plain HTTP are allowed without it)",
     )
+    _add_arch(ps, "; several push one index (manifest list) per image, so each node pulls its own")
     ps.set_defaults(func=cmd_push)
 
     ex = isub.add_parser(
@@ -84,6 +99,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     ex.add_argument("names", nargs="*", metavar="NAME", help=f"default: {' '.join(COMPONENTS)}")
     ex.add_argument("--version", default=None, help=VERSION_HELP)
     ex.add_argument("-o", "--output-dir", type=Path, required=True)
+    _add_arch(ex, "; several write one tarball per architecture, named REPO-VERSION-ARCH.tar")
     ex.set_defaults(func=cmd_export)
 
     r = isub.add_parser("ref", help="print the reference pods should use for an image")
@@ -107,7 +123,25 @@ def _err(msg: str) -> int:
 
 # What a recipe raises while it computes its layer keys (before ImageBuilder
 # wraps errors as ImageBuildError): a failed Go build, a missing package.
-RECIPE_ERRORS = (BuildError, ControllerBuildError, DaemonBuildError, PyBaseError)
+RECIPE_ERRORS = (BuildError, ControllerBuildError, DaemonBuildError, PyBaseError, DebError)
+
+
+def _arches(args: argparse.Namespace) -> tuple[Arch, ...]:
+    try:
+        return parse_arches(args.arch)
+    except UnknownArch as e:
+        raise ImageBuildError(f"--arch: {e}") from None
+
+
+def _summary(image: Image | ImageIndex) -> str:
+    """Digest and pull size of what was built (an index: per architecture)."""
+    if isinstance(image, Image):
+        return f"{image.manifest.digest}  {image.size / 1e6:.1f} MB"
+    per_arch = ", ".join(
+        f"{p['architecture']} {img.manifest.digest[:19]} {img.size / 1e6:.1f} MB"
+        for p, img in image.entries
+    )
+    return f"{image.blob.digest}  (index: {per_arch})"
 
 
 def _lacking(command: str, names: list[str], version: str | None) -> str | None:
@@ -134,19 +168,30 @@ def cmd_build(args: argparse.Namespace) -> int:
         )
         push = False
     try:
+        arches = _arches(args)
         version = components.resolve_version(args.version, builder.cache_dir)
         for name in args.names:
             t0 = time.monotonic()
             if not push:
-                img = builder.build(name, version)
-                print(f"{name}: {img.manifest.digest} ({img.size / 1e6:.1f} MB)")
+                for arch in arches:
+                    img = builder.build(name, version, arch)
+                    print(f"{name} ({arch}): {img.manifest.digest} ({img.size / 1e6:.1f} MB)")
                 continue
-            built = builder.build_and_push(name, target, version)
+            if len(arches) > 1:
+                # An index: skopeo pushes it with every image it lists.
+                index = builder.build_all(name, version, arches)
+                r = recipe(name, builder.cache_dir, version, arches[0])
+                ref = f"{target.host}/{r.repo}:{r.tag}"
+                opts = PushOptions(registry=Registry.parse(target.host))
+                push_image(index, builder.store, ref, opts, builder.root)
+                print(f"{ref}  {_summary(index)} ({time.monotonic() - t0:.1f}s)")
+                continue
+            built = builder.build_and_push(name, target, version, arches[0])
             print(
                 f"{built.ref}  {built.image.manifest.digest}  {built.image.size / 1e6:.1f} MB "
                 f"(uploaded {built.uploaded_bytes / 1e6:.1f} MB, {time.monotonic() - t0:.1f}s)"
             )
-    except (ImageBuildError, RegistryError, ImageNameError, *RECIPE_ERRORS) as e:
+    except (ImageBuildError, RegistryError, PushError, ImageNameError, *RECIPE_ERRORS) as e:
         return _err(str(e))
     return 0
 
@@ -183,15 +228,15 @@ def cmd_push(args: argparse.Namespace) -> int:
             password=_password(args),
             ca_file=args.ca_file,
         )
+        arches = _arches(args)
         version = components.resolve_version(args.version, builder.cache_dir)
         for name in _names(args):
             t0 = time.monotonic()
-            image = builder.build(name, version)
-            ref = push(image, builder.store, opts.registry.ref(name, version), opts, builder.root)
-            print(
-                f"{ref}  {image.manifest.digest}  {image.size / 1e6:.1f} MB "
-                f"({time.monotonic() - t0:.1f}s)"
+            image = builder.build_all(name, version, arches)
+            ref = push_image(
+                image, builder.store, opts.registry.ref(name, version), opts, builder.root
             )
+            print(f"{ref}  {_summary(image)} ({time.monotonic() - t0:.1f}s)")
     except (ImageBuildError, PushError, ImageNameError, *RECIPE_ERRORS) as e:
         return _err(str(e))
     return 0
@@ -203,13 +248,19 @@ def cmd_export(args: argparse.Namespace) -> int:
         lacking = _lacking("export", _names(args), args.version)
         if lacking:
             return _err(lacking)
+        arches = _arches(args)
         version = components.resolve_version(args.version, builder.cache_dir)
         for name in _names(args):
-            image = builder.build(name, version)
-            repo = recipe(name, builder.cache_dir, version).repo
-            out = args.output_dir / f"{repo}-{version}.tar"
-            export_archive(image, builder.store, repo, version, out, builder.root)
-            print(f"{out}  ({repo}:{version}; load with: kind load image-archive {out})")
+            for arch in arches:
+                image = builder.build(name, version, arch)
+                repo = recipe(name, builder.cache_dir, version, arch).repo
+                # A docker archive holds one platform: one file per architecture.
+                suffix = f"-{arch}" if len(arches) > 1 else ""
+                out = args.output_dir / f"{repo}-{version}{suffix}.tar"
+                export_archive(image, builder.store, repo, version, out, builder.root)
+                print(
+                    f"{out}  ({repo}:{version}, {arch}; load with: kind load image-archive {out})"
+                )
     except (ImageBuildError, PushError, ImageNameError, *RECIPE_ERRORS) as e:
         return _err(str(e))
     return 0

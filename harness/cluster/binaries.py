@@ -52,8 +52,10 @@ class BinarySet:
     # Only the real node runs it: a kwok-only cluster does not wait for its build.
     node_only: bool = False
 
-    def bin_dir(self, cache_dir: Path) -> Path:
-        return cache_dir / self.name / self.version / "bin"
+    def bin_dir(self, cache_dir: Path, goarch: str | None = None) -> Path:
+        """The host's build, or (``goarch``) a cross-compiled one for linux/<goarch>."""
+        base = cache_dir / self.name / self.version
+        return (base / f"linux-{goarch}" if goarch else base) / "bin"
 
     @property
     def packages(self) -> tuple[str, ...]:
@@ -206,9 +208,16 @@ def _output_name(pkg: str) -> str:
     return parts[-1]
 
 
-def build_set(bs: BinarySet, cache_dir: Path, progress: Progress = _stderr) -> Path:
-    """Build one set unless all its binaries are cached; return its bin dir."""
-    out = bs.bin_dir(cache_dir)
+def build_set(
+    bs: BinarySet, cache_dir: Path, progress: Progress = _stderr, *, goarch: str | None = None
+) -> Path:
+    """Build one set unless all its binaries are cached; return its bin dir.
+
+    ``goarch`` cross-compiles for linux/<goarch> (images for other nodes) into
+    its own bin dir; Go's module and build caches are the same as the host
+    build's, so only the packages compiled for the other architecture are new.
+    """
+    out = bs.bin_dir(cache_dir, goarch)
     wanted = [name for _, name in bs.outputs]
     if all((out / b).exists() for b in wanted):
         return out
@@ -228,13 +237,16 @@ def build_set(bs: BinarySet, cache_dir: Path, progress: Progress = _stderr) -> P
         tmp.mkdir()
         log = out.parent / "build.log"
         env = dict(os.environ, CGO_ENABLED="0", GOFLAGS="-mod=mod")
+        if goarch:
+            env.update(GOOS="linux", GOARCH=goarch)
         # A set that grew (kube-proxy joined the kube set) builds only what is
         # missing, and the binaries that exist stay in place for running clusters.
         todo = [(pkg, name) for pkg, name in bs.outputs if not (out / name).exists()]
         tags = ["-tags", bs.tags] if bs.tags else []
         cmd = [go, "build", "-trimpath", *tags, "-ldflags", bs.ldflags, "-o", f"{tmp}/"]
         cmd += [pkg for pkg, _ in todo]
-        progress(f"building {bs.name} {bs.version} from the Go module proxy (log: {log})")
+        what = f"{bs.name} {bs.version}" + (f" for linux/{goarch}" if goarch else "")
+        progress(f"building {what} from the Go module proxy (log: {log})")
         started = time.monotonic()
         with open(log, "w") as logf:
             proc = subprocess.Popen(cmd, cwd=module, env=env, stdout=logf, stderr=subprocess.STDOUT)

@@ -12,18 +12,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandman.harness.cluster.config import default_cache_dir
-from sandman.harness.images import components
+from sandman.harness.images import components, platforms
 from sandman.harness.images.addons import ADDON_RECIPES
 from sandman.harness.images.oci import (
     MEDIA_LAYER_GZIP,
     Blob,
     BlobStore,
     Image,
+    ImageIndex,
     Layer,
     assemble,
+    assemble_index,
     layer_from_dir,
     unpack,
 )
+from sandman.harness.images.platforms import Arch
 from sandman.harness.images.recipes import RECIPES, Recipe
 from sandman.harness.images.registry import Registry
 from sandman.install.images import COMPONENTS
@@ -54,11 +57,27 @@ class BuiltImage:
 IMAGE_NAMES = (*sorted(RECIPES), *sorted(ADDON_RECIPES), *COMPONENTS)
 
 
-def recipe(name: str, cache_dir: Path | None = None, version: str | None = None) -> Recipe:
-    """The recipe of ``name``; components are tagged with ``version`` (see components.py)."""
+def recipe(
+    name: str,
+    cache_dir: Path | None = None,
+    version: str | None = None,
+    arch: Arch | None = None,
+) -> Recipe:
+    """The recipe of ``name`` for ``arch`` (default: this machine's); components
+    are tagged with ``version`` (see components.py)."""
     cache_dir = cache_dir or default_cache_dir()
     if name in COMPONENTS:
-        return components.recipe(name, cache_dir, components.resolve_version(version, cache_dir))
+        v = components.resolve_version(version, cache_dir)
+        return components.recipe(name, cache_dir, v, arch)
+    if arch is not None and not platforms.is_host(arch):
+        # The test images and add-ons are the local cluster's own, which runs
+        # on this machine: built from its own files (gcc -static, busybox,
+        # debootstrap) for its architecture only.
+        raise ImageBuildError(
+            f"image {name} is built for this machine's architecture "
+            f"({platforms.host()}) only: it serves the local cluster; --arch {arch} "
+            f"applies to Sandman's component images ({', '.join(COMPONENTS)})"
+        )
     if name in ADDON_RECIPES:
         return ADDON_RECIPES[name]()
     try:
@@ -129,8 +148,9 @@ class ImageBuilder:
         )
         return layer
 
-    def build(self, name: str, version: str | None = None) -> Image:
-        r = recipe(name, self.cache_dir, version)
+    def build(self, name: str, version: str | None = None, arch: Arch | None = None) -> Image:
+        """``name`` for ``arch`` (default: this machine's)."""
+        r = recipe(name, self.cache_dir, version, arch)
         missing = [cmd for cmd in r.needs if shutil.which(cmd) is None]
         if missing:
             raise ImageBuildError(f"image {name} needs {', '.join(missing)} on PATH")
@@ -139,6 +159,16 @@ class ImageBuilder:
         if r.verify is not None:
             self._verify(name, image, r.verify)
         return image
+
+    def build_all(
+        self, name: str, version: str | None, arches: tuple[Arch, ...]
+    ) -> Image | ImageIndex:
+        """One image for one architecture; for several, an index of one image
+        each (in the order given), so that each node pulls its own."""
+        images = [(arch, self.build(name, version, arch)) for arch in arches]
+        if len(images) == 1:
+            return images[0][1]
+        return assemble_index(((a.platform(), img) for a, img in images), self.store)
 
     def _verify(self, name: str, image: Image, check: Callable[[Path], None]) -> None:
         marker = self.root / "verified" / image.manifest.digest.replace(":", "-")
@@ -156,12 +186,12 @@ class ImageBuilder:
         marker.touch()
 
     def build_and_push(
-        self, name: str, registry: Registry, version: str | None = None
+        self, name: str, registry: Registry, version: str | None = None, arch: Arch | None = None
     ) -> BuiltImage:
         """Build and push to a loopback registry (the harness's own, plain HTTP);
         any other registry goes through `sandman image push` (skopeo, auth, TLS)."""
-        r = recipe(name, self.cache_dir, version)
-        image = self.build(name, r.tag if name in COMPONENTS else None)
+        r = recipe(name, self.cache_dir, version, arch)
+        image = self.build(name, r.tag if name in COMPONENTS else None, arch)
         if not registry.ping():
             raise ImageBuildError(
                 f"registry {registry.host} is not answering; start it with "

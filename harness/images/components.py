@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import shutil
@@ -22,8 +23,9 @@ from pathlib import Path
 
 from sandman.harness.cluster.binaries import binary_sets, build_set
 from sandman.harness.cluster.config import Versions
-from sandman.harness.images import controller, daemon_image
+from sandman.harness.images import controller, daemon_image, platforms
 from sandman.harness.images.oci import ImageConfig
+from sandman.harness.images.platforms import Arch
 from sandman.harness.images.recipes import Recipe
 from sandman.install.images import COMPONENTS, RELEASE, check_version, placeholder
 
@@ -41,14 +43,22 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _kube_scheduler(cache_dir: Path) -> Path:
-    """The harness's kube-scheduler build (built from the Go module proxy if missing)."""
+def _kube_scheduler(cache_dir: Path, arch: Arch | None = None) -> Path:
+    """The harness's kube-scheduler build (built from the Go module proxy if
+    missing); for another architecture, Go's cross-compiler (CGO_ENABLED=0,
+    GOARCH) builds kube-scheduler alone, with the host build's caches."""
     kube = next(bs for bs in binary_sets(Versions()) if bs.name == "kube")
-    return build_set(kube, cache_dir) / "kube-scheduler"
+    if arch is None or platforms.is_host(arch):
+        return build_set(kube, cache_dir) / "kube-scheduler"
+    only = tuple(o for o in kube.outputs if o[1] == "kube-scheduler")
+    cross = dataclasses.replace(kube, outputs=only)
+    return build_set(cross, cache_dir, goarch=arch.name) / "kube-scheduler"
 
 
-def _scheduler_layers(cache_dir: Path) -> tuple[tuple[str, Callable[[Path], None]], ...]:
-    binary = _kube_scheduler(cache_dir)
+def _scheduler_layers(
+    cache_dir: Path, arch: Arch | None = None
+) -> tuple[tuple[str, Callable[[Path], None]], ...]:
+    binary = _kube_scheduler(cache_dir, arch)
     key = f"scheduler-{Versions().kubernetes}-r{SCHEDULER_REVISION}-{_sha256_file(binary)[:16]}"
 
     def fill(root: Path) -> None:
@@ -78,22 +88,27 @@ SCHEDULER_CONFIG = ImageConfig(
 )
 
 
-def layers(name: str, cache_dir: Path) -> tuple[tuple[str, Callable[[Path], None]], ...]:
+def layers(
+    name: str, cache_dir: Path, arch: Arch | None = None
+) -> tuple[tuple[str, Callable[[Path], None]], ...]:
+    """(cache key, fill) per layer of ``name`` for ``arch`` (default: this machine's)."""
     if name == "controller":
-        return controller.layers()  # type: ignore[return-value]
+        return controller.layers(arch)  # type: ignore[return-value]
     if name == "scheduler":
-        return _scheduler_layers(cache_dir)
+        return _scheduler_layers(cache_dir, arch)
     if name == "daemon":
-        return daemon_image.layers(cache_dir)
+        return daemon_image.layers(cache_dir, arch)
     raise ValueError(f"unknown component {name!r}; known: {', '.join(COMPONENTS)}")
 
 
-def config(name: str) -> ImageConfig:
-    return {
+def config(name: str, arch: Arch | None = None) -> ImageConfig:
+    cfg = {
         "controller": controller.CONFIG,
         "scheduler": SCHEDULER_CONFIG,
         "daemon": daemon_image.CONFIG,
     }[name]
+    arch = arch or platforms.host()
+    return dataclasses.replace(cfg, architecture=arch.name, variant=arch.variant)
 
 
 def dev_version(cache_dir: Path) -> str:
@@ -114,12 +129,15 @@ def resolve_version(version: str | None, cache_dir: Path) -> str:
     return check_version(version)
 
 
-def recipe(name: str, cache_dir: Path, version: str) -> Recipe:
+def recipe(name: str, cache_dir: Path, version: str, arch: Arch | None = None) -> Recipe:
+    """``name`` at ``version`` for ``arch``; the dev version's digest covers the
+    host's layers only, so one tag names every architecture's build of a tree."""
+    arch = arch or platforms.host()
     return Recipe(
         name=name,
         tag=check_version(version),
-        layers=layers(name, cache_dir),
-        config=config(name),
+        layers=layers(name, cache_dir, arch),
+        config=config(name, arch),
         repository=placeholder(name),
-        verify=controller.check_imports if name == "controller" else None,
+        verify=controller.image_check(arch) if name == "controller" else None,
     )

@@ -11,6 +11,11 @@ what changed (usually the last, under 1 MB):
    ``package-dir`` mapping of pyproject.toml: ``webhook/`` becomes
    ``sandman/webhook``, ...), with bytecode, and ``/usr/local/bin/sandman``.
 
+For arm64 the same three layers: pybase from Debian's arm64 packages, the
+same pins' aarch64 wheels (the lock holds each architecture's hash), the same
+app files; the import check runs the image's own arm64 interpreter under
+Debian's qemu-user-static.
+
 Why not freeze it like the daemon: docs/install.md ("Controller image").
 Refresh the pins with ``python -m sandman.harness.images.controller lock``.
 """
@@ -25,12 +30,14 @@ import subprocess
 import sys
 import tempfile
 import tomllib
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
 import sandman
-from sandman.harness.images import pybase
+from sandman.harness.images import debs, platforms, pybase
 from sandman.harness.images.oci import ImageConfig
+from sandman.harness.images.platforms import Arch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # In a checkout; an install from a wheel has no pyproject.toml, and its
@@ -57,17 +64,28 @@ ENTRY_MODULES = (
     "sandman.extender.cli",
     "sandman.extender.server",
 )
-# The wheels pip may pick: CPython 3.11 on x86_64 glibc. Debian 12's glibc
-# is 2.36, so any manylinux tag up to 2_36 runs.
-WHEEL_PLATFORMS = (
-    "manylinux_2_36_x86_64",
-    "manylinux_2_34_x86_64",
-    "manylinux_2_28_x86_64",
-    "manylinux_2_17_x86_64",
-    "manylinux2014_x86_64",
-    "manylinux_2_5_x86_64",
-    "manylinux1_x86_64",
+# The wheels pip may pick: CPython 3.11 on glibc, for the image's machine
+# (x86_64, aarch64). Debian 12's glibc is 2.36, so any manylinux tag up to
+# 2_36 runs (aarch64 wheels start at manylinux2014: the older tags match none).
+MANYLINUX_TAGS = (
+    "manylinux_2_36",
+    "manylinux_2_34",
+    "manylinux_2_28",
+    "manylinux_2_17",
+    "manylinux2014",
+    "manylinux_2_5",
+    "manylinux1",
 )
+
+
+def wheel_platforms(arch: Arch | None = None) -> tuple[str, ...]:
+    machine = (arch or platforms.AMD64).machine
+    return tuple(f"{tag}_{machine}" for tag in MANYLINUX_TAGS)
+
+
+WHEEL_PLATFORMS = wheel_platforms()
+# The architectures the lock holds wheel hashes for.
+LOCK_ARCHES = (platforms.AMD64, platforms.ARM64)
 TARGET_ENV = {"python_version": "3.11", "python_full_version": "3.11.2", "sys_platform": "linux"}
 # Revisions of the two layer recipes (bump when the steps change).
 DEPS_REVISION = 1
@@ -105,23 +123,25 @@ def _pip(*args: str) -> list[str]:
     return [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input", *args]
 
 
-def _platform_args() -> list[str]:
+def _platform_args(arch: Arch | None = None) -> list[str]:
     args = ["--only-binary=:all:", "--python-version=3.11", "--implementation=cp"]
     for abi in ("cp311", "abi3", "none"):
         args.append(f"--abi={abi}")
-    for plat in WHEEL_PLATFORMS:
+    for plat in wheel_platforms(arch):
         args.append(f"--platform={plat}")
     return args
 
 
 # -- layer 2: dependencies -------------------------------------------------------
-def deps_key() -> str:
+def deps_key(arch: Arch | None = None) -> str:
     h = hashlib.sha256(f"revision={DEPS_REVISION}\n{pybase.PYTHON}\n".encode())
+    if arch is not None and arch != platforms.AMD64:
+        h.update(f"arch={arch}\n".encode())
     h.update(LOCK.read_bytes())
     return f"controller-deps-{h.hexdigest()[:16]}"
 
 
-def fill_deps(root: Path) -> None:
+def fill_deps(root: Path, arch: Arch | None = None) -> None:
     target = root / pybase.SITE_PACKAGES.relative_to("/")
     proc = subprocess.run(
         _pip(
@@ -130,7 +150,7 @@ def fill_deps(root: Path) -> None:
             "--require-hashes",
             "--no-compile",
             "--no-cache-dir",
-            *_platform_args(),
+            *_platform_args(arch),
             f"--target={target}",
             "-r",
             str(LOCK),
@@ -211,16 +231,28 @@ def fill_app(root: Path) -> None:
     pybase.compile_bytecode(root, pybase.SITE_PACKAGES)
 
 
-def check_imports(rootfs: Path) -> None:
+def check_imports(rootfs: Path, arch: Arch | None = None) -> None:
     """Import every entry module with the image's own Python and packages only.
 
     As root the check runs the image's interpreter in a chroot, so a missing
     shared library fails it too; otherwise the host's identical python3.11
-    runs with ``sys.path`` pointing into the unpacked image.
+    runs with ``sys.path`` pointing into the unpacked image. An image of
+    another architecture runs its own interpreter under qemu-user with the
+    unpacked image as its root for file lookups (``-L``): its loader, its
+    libraries, its extension modules.
     """
     imports = "".join(f"importlib.import_module({m!r})\n" for m in ENTRY_MODULES)
     code = "import importlib\n" + imports
-    if os.geteuid() == 0:
+    if arch is not None and not platforms.is_host(arch):
+        paths = [pybase.STDLIB, pybase.STDLIB / "lib-dynload", pybase.SITE_PACKAGES]
+        code = f"import sys\nsys.path[:] = {[str(p) for p in paths]!r}\n" + code
+        try:
+            qemu = debs.qemu_user(_cache_dir(), arch)
+        except debs.DebError as e:
+            raise ControllerBuildError(f"qemu-user for {arch}: {e}") from e
+        interpreter = rootfs / pybase.INTERPRETER.relative_to("/")
+        argv = [str(qemu), "-L", str(rootfs), str(interpreter), "-I", "-S", "-c", code]
+    elif os.geteuid() == 0:
         argv = [
             shutil.which("chroot") or "/usr/sbin/chroot",
             str(rootfs),
@@ -243,12 +275,27 @@ def check_imports(rootfs: Path) -> None:
         )
 
 
-def layers() -> tuple[tuple[str, object], ...]:
-    return (
-        (pybase.layer_key(), pybase.fill),
-        (deps_key(), fill_deps),
-        (app_key(), fill_app),
-    )
+def _cache_dir() -> Path:
+    from sandman.harness.cluster.config import default_cache_dir
+
+    return default_cache_dir()
+
+
+def image_check(arch: Arch | None = None) -> Callable[[Path], None]:
+    """The build's check of an unpacked controller image of ``arch``."""
+    return lambda rootfs: check_imports(rootfs, arch)
+
+
+def layers(arch: Arch | None = None) -> tuple[tuple[str, object], ...]:
+    """(cache key, fill) per layer for ``arch`` (default: this machine's); the
+    app layer is the same files for every architecture."""
+    arch = arch or platforms.host()
+    base = pybase.layer(arch, _cache_dir())
+    if arch == platforms.AMD64:
+        deps: tuple[str, object] = (deps_key(), fill_deps)
+    else:
+        deps = (deps_key(arch), lambda root: fill_deps(root, arch))
+    return (base, deps, (app_key(), fill_app))
 
 
 # -- the lock file ---------------------------------------------------------------
@@ -291,27 +338,37 @@ def lock(out: Path = LOCK) -> None:
     with tempfile.TemporaryDirectory(prefix="sandman-lock-") as tmp:
         reqs = Path(tmp) / "pins.txt"
         reqs.write_text("".join(f"{n}=={v}\n" for n, v in sorted(pins.items())))
-        proc = subprocess.run(
-            _pip("download", "--no-deps", *_platform_args(), "-d", tmp, "-r", str(reqs)),
-            capture_output=True,
-            text=True,
-        )
-        if proc.returncode != 0:
-            raise ControllerBuildError(f"pip download failed:\n{proc.stderr[-3000:]}")
+        hashes: dict[str, list[str]] = {name: [] for name in pins}
+        for arch in LOCK_ARCHES:
+            dest = Path(tmp) / arch.name
+            proc = subprocess.run(
+                _pip("download", "--no-deps", *_platform_args(arch), "-d", dest, "-r", reqs),
+                capture_output=True,
+                text=True,
+            )
+            if proc.returncode != 0:
+                raise ControllerBuildError(f"pip download ({arch}) failed:\n{proc.stderr[-3000:]}")
+            wheels = sorted(dest.glob("*.whl"))
+            for name, version in sorted(pins.items()):
+                norm = name.replace("-", "_").lower()
+                match = [w for w in wheels if w.name.lower().startswith(f"{norm}-{version}-")]
+                if len(match) != 1:
+                    raise ControllerBuildError(
+                        f"no single {arch} wheel for {name}=={version}: {match}"
+                    )
+                digest = hashlib.sha256(match[0].read_bytes()).hexdigest()
+                if digest not in hashes[name]:  # a pure-Python wheel serves every arch
+                    hashes[name].append(digest)
         lines = [
             "# The controller image's Python dependencies: the runtime closure of\n",
             "# sandman-k8s[server] without the official client (NOT_IN_IMAGE in\n",
-            "# controller.py), at the versions the tests ran with, hashed.\n",
+            "# controller.py), at the versions the tests ran with, hashed: one\n",
+            f"# wheel per architecture ({', '.join(a.name for a in LOCK_ARCHES)}).\n",
             "# Regenerate: python -m sandman.harness.images.controller lock\n",
         ]
-        wheels = sorted(Path(tmp).glob("*.whl"))
         for name, version in sorted(pins.items()):
-            norm = name.replace("-", "_").lower()
-            match = [w for w in wheels if w.name.lower().startswith(f"{norm}-{version}-")]
-            if len(match) != 1:
-                raise ControllerBuildError(f"no single wheel for {name}=={version}: {match}")
-            digest = hashlib.sha256(match[0].read_bytes()).hexdigest()
-            lines.append(f"{name}=={version} --hash=sha256:{digest}\n")
+            flags = " ".join(f"--hash=sha256:{d}" for d in hashes[name])
+            lines.append(f"{name}=={version} {flags}\n")
     out.write_text("".join(lines))
 
 

@@ -13,6 +13,12 @@ result; every start would compile the standard library again.
 
 The layer is keyed by the Debian versions of every package it copies from
 (``dpkg-query``), so a security update of libssl3 or python3.11 rebuilds it.
+
+For another architecture (arm64) the same layer is made from Debian's
+packages for it (``debs.py``: the same package names, unpacked into a cached
+sysroot, keyed by their files' hashes): the interpreter, the standard
+library and the libraries its kept modules load (read from the ELF files, as
+``ldd`` cannot run them), the loader at that architecture's ABI path.
 """
 
 from __future__ import annotations
@@ -21,7 +27,11 @@ import hashlib
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
+
+from sandman.harness.images import debs, platforms
+from sandman.harness.images.platforms import Arch
 
 PYTHON = "python3.11"
 INTERPRETER = Path("/usr/bin") / PYTHON
@@ -207,12 +217,17 @@ def install_libraries(root: Path, elfs: list[Path]) -> list[str]:
     return sorted(libs)
 
 
-def _filesystem(root: Path) -> None:
+def _filesystem(root: Path, arch: Arch | None = None) -> None:
     """Merged-/usr links, the loader at its ABI path, users, /tmp, CA certificates."""
+    arch = arch or platforms.AMD64
     for link, target in (("bin", "usr/bin"), ("lib", "usr/lib"), ("lib64", "usr/lib64")):
         (root / link).symlink_to(target)
     (root / "usr/lib64").mkdir(parents=True, exist_ok=True)
-    (root / "usr/lib64" / LOADER).symlink_to(f"../lib/x86_64-linux-gnu/{LOADER}")
+    # /lib64/ld-linux-x86-64.so.2 or /lib/ld-linux-aarch64.so.1, through the
+    # merged-/usr link, to the file in the multiarch dir.
+    loader_dir = root / "usr" / arch.loader_dir
+    rel = "" if arch.loader_dir == "lib" else "../lib/"
+    (loader_dir / arch.loader).symlink_to(f"{rel}{arch.triplet}/{arch.loader}")
     (root / "usr/bin/python3").symlink_to(PYTHON)
     etc = root / "etc"
     etc.mkdir(exist_ok=True)
@@ -256,6 +271,59 @@ def compile_bytecode(root: Path, tree: Path) -> None:
             str(root / tree.relative_to("/")),
         ]
     )
+
+
+def foreign_packages() -> tuple[str, ...]:
+    """Debian's packages the layer is made of on another architecture (the CA
+    bundle is architecture-independent: the host's is copied)."""
+    return tuple(p for p in (*PACKAGES, *LIB_PACKAGES) if p != "ca-certificates")
+
+
+def _sysroot(arch: Arch, cache_dir: Path) -> Path:
+    try:
+        return debs.Debian(cache_dir, arch.name).sysroot(foreign_packages())
+    except debs.DebError as e:
+        raise PyBaseError(f"Debian's {arch} packages: {e}") from e
+
+
+def _fill_foreign(root: Path, arch: Arch, sysroot: Path) -> None:
+    """The layer for ``arch`` from its packages' files in ``sysroot``."""
+    src_stdlib = sysroot / STDLIB.relative_to("/")
+    interpreter = sysroot / INTERPRETER.relative_to("/")
+    files = [interpreter]
+    for p in sorted(src_stdlib.rglob("*")):
+        if not _pruned(STDLIB / p.relative_to(src_stdlib)):
+            files.append(p)
+    for f in files:
+        _copy_into(root, f, Path("/") / f.relative_to(sysroot))
+    elfs = [f for f in files if _is_elf(f)]
+    libdirs = [sysroot / d / arch.triplet for d in ("usr/lib", "lib")]
+    try:
+        libs = debs.library_closure(elfs, libdirs, extra=[*EXTRA_LIBS, arch.loader])
+    except debs.DebError as e:
+        raise PyBaseError(f"{arch} libraries: {e}") from e
+    dest = root / "usr/lib" / arch.triplet
+    dest.mkdir(parents=True, exist_ok=True)
+    for soname, path in sorted(libs.items()):
+        if not (dest / soname).exists():
+            shutil.copy2(path.resolve(), dest / soname)
+    _filesystem(root, arch)
+    compile_bytecode(root, STDLIB)
+
+
+def layer(
+    arch: Arch | None = None, cache_dir: Path | None = None
+) -> tuple[str, Callable[[Path], None]]:
+    """(cache key, fill) of the layer for ``arch`` (default: this machine's)."""
+    arch = arch or platforms.host()
+    if platforms.is_host(arch):
+        return layer_key(), fill
+    from sandman.harness.cluster.config import default_cache_dir
+
+    sysroot = _sysroot(arch, cache_dir or default_cache_dir())
+    h = hashlib.sha256(f"revision={REVISION}\narch={arch}\n{sysroot.name}\n".encode())
+    key = f"pybase-{PYTHON}-{arch}-{h.hexdigest()[:16]}"
+    return key, lambda root: _fill_foreign(root, arch, sysroot)
 
 
 def fill(root: Path) -> None:
