@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import re
 import shlex
 from collections.abc import Iterator
@@ -95,10 +96,15 @@ def _product_files(*exts: str) -> Iterator[Path]:
             yield from (ROOT / d).rglob(f"*{ext}")
 
 
-def _python_strings() -> Iterator[str]:
+@functools.cache
+def _python_strings() -> tuple[str, ...]:
     """Every string constant of the product's Python, with ``PREFIX + "x"``
     concatenations of sandman.contract's PREFIX resolved."""
-    for path in _product_files(".py"):
+    return tuple(_strings_of(_product_files(".py")))
+
+
+def _strings_of(paths: Iterator[Path]) -> Iterator[str]:
+    for path in paths:
         tree = ast.parse(path.read_text(), str(path))
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)):
@@ -123,19 +129,20 @@ def _manifest_texts() -> Iterator[str]:
             yield p.read_text()
 
 
-def code_metric_names() -> set[str]:
+@functools.cache
+def code_metric_names() -> frozenset[str]:
     names: set[str] = set()
     for s in _python_strings():
         names.update(METRIC.findall(s))
     for text in _manifest_texts():
         names.update(METRIC.findall(text))
-    return names
+    return frozenset(names)
 
 
 PROM_SUFFIXES = ("_total", "_bucket", "_sum", "_count", "_created")
 
 
-def metric_exists(name: str, code: set[str]) -> bool:
+def metric_exists(name: str, code: frozenset[str]) -> bool:
     if name.endswith("_"):  # a prefix: sandman_daemon_*
         return any(c.startswith(name) for c in code)
     if name in code:
