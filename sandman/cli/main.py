@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 from sandman import __version__
@@ -49,10 +50,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def prog_name(argv0: str) -> str:
+    """``kubectl sandman`` when kubectl ran us as its plugin (``kubectl-sandman``),
+    so that help and usage lines show what the user typed; else ``sandman``."""
+    base = os.path.basename(argv0)
+    if base.startswith("kubectl-"):
+        return "kubectl " + base.removeprefix("kubectl-").replace("_", "-")
+    return "sandman"
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser with ``command`` fully registered and every other one as a stub."""
     parser = argparse.ArgumentParser(
-        prog="sandman",
+        prog=prog_name(sys.argv[0]),
         description="Kubernetes-native sandboxes for agentic RL: clients just create labeled pods.",
     )
     parser.add_argument("--version", action="version", version=f"sandman {__version__}")
@@ -164,6 +174,13 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except Exception as e:
+        # One line and Sandman's exit code for every failure that is not a bug
+        # (no kubeconfig, no apiserver, a refusal, an answer that is not JSON);
+        # -v adds the traceback (sandman.cli.common.explain, docs/cli.md).
+        from sandman.cli.common import report
+
+        return report(e, args.verbose)
 
 
 if __name__ == "__main__":

@@ -125,12 +125,16 @@ def test_a_sandman_user_claims_lists_in_every_format_and_completes(
     )  # fmt: skip
     assert plugin.stdout.splitlines()[-1] == ":4" and pod in plugin.stdout.splitlines()
 
-    # What the role does not grant: one line naming it, exit 1.
+    # What the role does not grant: one line naming the verb, resource and
+    # namespace, Sandman's exit code; a permission problem, never a policy denial.
     scale = cli(env, "pool", "scale", "web", "5")
-    assert scale.returncode == 1 and scale.stderr.startswith("error: forbidden:"), scale.stderr
-    assert "replicasets" in scale.stderr and "sandman-user" in scale.stderr
+    assert scale.returncode == 125, scale.stderr
+    assert scale.stderr.startswith("error: permission denied: "), scale.stderr
+    assert "may not patch replicasets.apps in namespace" in scale.stderr, scale.stderr
+    assert "sandman-user" in scale.stderr and "polic" not in scale.stderr
     other = cli(env, "ls", "-n", "default")
-    assert other.returncode == 1 and "forbidden" in other.stderr and "Traceback" not in other.stderr
+    assert other.returncode == 125 and "Traceback" not in other.stderr
+    assert "may not list pods in namespace default" in other.stderr, other.stderr
 
     # Names from `-o name` go back in: release the claimed pod as pod/NAME.
     gone = cli(env, "release", f"pod/{pod}")

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from kubernetes.client import CoreV1Api
 
+from sandman.cli.common import EXIT_SANDMAN
 from sandman.contract import ANN_EXPIRES_AT, LABEL_STATE, parse_time
 from sandman.harness.cluster.components import KWOK_NODE_ANNOTATION
 from sandman.harness.cluster.kwok_nodes import KWOK_IMAGE, NODE_KIND_LABEL
@@ -78,7 +79,7 @@ def test_claims_refill_and_survive_pool_delete(
     assert (row["size"], row["image"], row["condition"]) == (3, KWOK_IMAGE, "Healthy")
 
     again = sandman("pool", "create", "p1", f"--image={KWOK_IMAGE}")
-    assert again.returncode == 1
+    assert again.returncode == EXIT_SANDMAN
     assert "already exists" in again.stderr and "sandman pool scale p1" in again.stderr
 
     # Twice as many claimers as idle pods: each must win a pod of its own, the
@@ -135,15 +136,15 @@ def test_claim_without_a_pod_to_claim_fails_clearly(
     cluster: LocalCluster, namespace: str, sandman: Sandman
 ) -> None:
     r = sandman("claim", "nope", "--wait=1")
-    assert r.returncode == 1 and r.stdout == ""
+    assert r.returncode == EXIT_SANDMAN and r.stdout == ""
     assert f"no pool nope in namespace {namespace}" in r.stderr
     assert "sandman pool create" in r.stderr
     for verb in (("scale", "nope", "2"), ("delete", "nope")):
         r = sandman("pool", *verb)
-        assert r.returncode == 1 and "no pool nope" in r.stderr, verb
+        assert r.returncode == EXIT_SANDMAN and "no pool nope" in r.stderr, verb
 
     r = sandman("pool", "create", "Bad_Name", f"--image={KWOK_IMAGE}")
-    assert r.returncode == 1 and "lower-case" in r.stderr
+    assert r.returncode == EXIT_SANDMAN and "lower-case" in r.stderr
 
     r = sandman("pool", "create", "p0", f"--image={KWOK_IMAGE}", "--size=1", *ON_KWOK)
     assert r.returncode == 0, r.stderr
@@ -153,5 +154,5 @@ def test_claim_without_a_pod_to_claim_fails_clearly(
     wait_pool(sandman, "p0", "scaled to 0", size=0, ready=0, starting=0)
 
     r = sandman("claim", "p0", "--wait=1")
-    assert r.returncode == 1 and r.stdout == ""
+    assert r.returncode == EXIT_SANDMAN and r.stdout == ""
     assert "pool p0 has no idle pod" in r.stderr and "size 0" in r.stderr, r.stderr
