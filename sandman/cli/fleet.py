@@ -25,7 +25,7 @@ from sandman.fleet.progress import ProgressLine
 from sandman.fleet.records import RolloutRecord, RunData
 from sandman.fleet.report import compare_text, read_json, render_text, summarize, write_json
 from sandman.fleet.strategies import STRATEGIES
-from sandman.kube_async import ApiError
+from sandman.kube_async import PODS
 
 # The progress bar's repaint loop; the bar itself limits repaints to what
 # a person can follow (progress.REPAINT_S).
@@ -75,6 +75,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--json", type=Path, help="save the summary and the run's data")
     p.add_argument("--png", type=Path, help="the timeline plot (needs [plot])")
     p.add_argument("--trace", type=Path, help="a Chrome/Perfetto trace of the run")
+    p.add_argument(
+        "--api-wait",
+        type=durations.seconds,
+        default=60.0,
+        help="give up when the apiserver does not answer for this long (60s)",
+    )
     p.add_argument("--progress", choices=("auto", "always", "never"), default="auto")
     p.add_argument("-n", "--namespace", default=None, help="default: the kubeconfig's")
     p.add_argument("--kubeconfig", default=None)
@@ -142,7 +148,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         strategy=args.strategy, concurrency=args.concurrency, window=args.window,
         reuse=args.reuse, k=args.k, ttl=args.ttl, command=args.pod_command,
         node_selector=_pairs(args.node_selector), prepull_ahead=args.prepull,
-        extender_url=args.extender_url,
+        extender_url=args.extender_url, api_wait_s=args.api_wait,
     )  # fmt: skip
     namespace = args.namespace or default_namespace(args.kubeconfig)
     bar = ProgressLine(sys.stderr, force=args.progress == "always")
@@ -156,6 +162,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     async def main() -> RunData:
         async with SandmanClient(kubeconfig=args.kubeconfig, namespace=namespace) as client:
+            # One list first: a refusal (RBAC, no such namespace, not an
+            # apiserver) is said now, not after the fleet's bounded wait.
+            await client.kube.list(PODS, namespace, limit=1)
             fleet = Fleet(client, config)
             painter = asyncio.create_task(_paint(fleet, bar))
             try:
@@ -166,11 +175,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             bar.done(fleet.progress())
             return fleet.data
 
-    try:
-        data = asyncio.run(main())
-    except (ValueError, ApiError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    data = asyncio.run(main())  # failures: main()'s one-line report, exit code 125
     summary = summarize(data)
     print(render_text(summary), end="", file=sys.stderr)
     _outputs(args, summary, data)

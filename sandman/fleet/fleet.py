@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandman.client import Sandbox, SandmanClient, Timings
-from sandman.client.errors import SandmanError
+from sandman.client.errors import SandmanError, TransportError
 from sandman.contract import LABEL_RUN, LABEL_STATE, STATE_QUARANTINED, parse_duration
 from sandman.fleet import strategies
 from sandman.fleet.prepull import Prepuller, choose_problems
@@ -36,6 +36,9 @@ from sandman.pools.manager import ManagerConfig, PoolManager
 # A pool plan that failed without an answer is tried again this much later
 # (a killed webhook replica or a restarted apiserver is back in seconds).
 PLAN_RETRY_S = 1.0
+# Waiting for the apiserver (the pool manager's first list of pods, pool
+# plans that keep failing) is said in the log once it lasts this long.
+WAIT_NOTICE_S = 2.0
 
 log = logging.getLogger(__name__)
 Task = Callable[[Sandbox, "Problem", int], Awaitable[float]]
@@ -71,6 +74,11 @@ class FleetConfig:
     # with ``extender_url`` images some node holds or pulls are skipped.
     prepull_ahead: int = 0
     extender_url: str | None = None
+    # How long the run waits for the apiserver before it gives up: for the
+    # pool manager's first list of the namespace's pods, and for pool plans
+    # that keep failing without an answer (5xx, 429, no connection). Without a
+    # bound an unreachable apiserver kept `fleet run` retrying forever.
+    api_wait_s: float = 60.0
     prepull_command: Sequence[str] = ("true",)
     command: Sequence[str] | None = None
     resources: Mapping[str, Any] | None = None
@@ -84,10 +92,15 @@ class FleetConfig:
             raise ValueError("concurrency, max_reuses and max_attempts must be >= 1")
         if self.k < 0:
             raise ValueError("k must be >= 1, or 0 to choose it from the batch")
+        if self.api_wait_s <= 0:
+            raise ValueError("api_wait_s must be > 0")
 
 
 class Fleet:
     """One batch run. ``await Fleet(client, config).run(problems, rollouts, task)``."""
+
+    plan_failing_since: float | None = None  # pool plans have failed since (monotonic)
+    fatal: BaseException | None = None  # the run cannot go on: the dispatcher raises it
 
     def __init__(
         self, client: SandmanClient, config: FleetConfig, *, reset_fn: ResetFn | None = None
@@ -152,13 +165,17 @@ class Fleet:
                     "tolerations": cfg.tolerations,
                 },
             )
-        async with self.pm:
+        self.plan_failing_since, self.fatal = None, None
+        await self._start_pools()
+        try:
             planner = asyncio.create_task(self._planner())
             try:
                 await self._plan()
                 await self._dispatch(rollouts)
             finally:
                 await asyncio.shield(self._stop_planning(planner))
+        finally:
+            await self.pm.__aexit__(None, None, None)
         c = self.data.counters
         if self.prepuller is not None:
             c.prepulls, c.prepulls_skipped = self.prepuller.created, self.prepuller.skipped
@@ -219,6 +236,31 @@ class Fleet:
     def _now(self) -> float:
         return time.monotonic() - self.t0
 
+    def _api(self) -> str:
+        client = getattr(self, "client", None)
+        return f"the apiserver at {client.kube.creds.server}" if client else "the apiserver"
+
+    async def _start_pools(self) -> None:
+        """Start the pool manager: its first list of the namespace's pods, waited
+        for at most ``api_wait_s``, saying so when it takes a while."""
+        cfg, ns = self.config, self.client.namespace
+        what = f"{self._api()} to list pods in namespace {ns}"
+        enter = asyncio.ensure_future(self.pm.__aenter__())
+        done, _ = await asyncio.wait({enter}, timeout=min(WAIT_NOTICE_S, cfg.api_wait_s))
+        if not done:
+            log.warning("waiting up to %.0fs for %s", cfg.api_wait_s, what)
+        try:
+            await asyncio.wait_for(enter, max(0.0, cfg.api_wait_s - WAIT_NOTICE_S))
+        except BaseException as e:
+            await self.pm.__aexit__(None, None, None)  # stop its watch and loops
+            if isinstance(e, TimeoutError):
+                raise TransportError(
+                    f"gave up after {cfg.api_wait_s:.0f}s waiting for {what} "
+                    "(the warnings above say why; the wait is FleetConfig.api_wait_s, "
+                    "`fleet run --api-wait`)"
+                ) from None
+            raise
+
     # -- pools -------------------------------------------------------------------
     async def _plan(self) -> None:
         """Bring pools in line with the strategy's targets for where the run is now.
@@ -230,10 +272,24 @@ class Fleet:
         async with self.plan_lock:  # the dispatcher and the planner both plan
             try:
                 await self._plan_locked()
+                self.plan_failing_since = None
             except (ApiError, OSError, TimeoutError) as e:
                 if isinstance(e, ApiError) and e.status < 500 and e.status != 429:
                     raise
-                log.warning("pool planning failed (retrying in %.0fs): %s", PLAN_RETRY_S, e)
+                now = time.monotonic()
+                since = self.plan_failing_since = self.plan_failing_since or now
+                left = self.config.api_wait_s - (now - since)
+                if left <= 0:
+                    self.fatal = TransportError(
+                        f"gave up after {self.config.api_wait_s:.0f}s of failed pool plans "
+                        f"on {self._api()}: {e}"
+                    )
+                    self._changed()  # the dispatcher raises it
+                    return
+                log.warning(
+                    "pool planning failed (retrying in %.0fs, giving up in %.0fs): %s",
+                    PLAN_RETRY_S, left, e,
+                )  # fmt: skip
                 asyncio.get_running_loop().call_later(PLAN_RETRY_S, self._changed)
 
     async def _plan_locked(self) -> None:
@@ -312,6 +368,8 @@ class Fleet:
         while any(s.undispatched for s in self.state):
             await slots.acquire()
             while (s := self._pick()) is None:
+                if self.fatal is not None:
+                    raise self.fatal
                 self.changed.clear()
                 self.replan.set()
                 await self.changed.wait()

@@ -81,6 +81,7 @@ FLAGS = [
     (["pool", "create", "p", "--image", "i", "--ttl", "1h"], "ttl", "1h"),
     (["fleet", "run", "img", "--ttl", "1800"], "ttl", "1800s"),
     (["fleet", "run", "img", "--timeout", "10m"], "timeout", 600.0),
+    (["fleet", "run", "img", "--api-wait", "2m"], "api_wait", 120.0),
     (["e2b-gateway", "--startup-timeout", "5m"], "startup_timeout", 300.0),
     (["eval", "run", "spec.yaml", "--start-timeout", "5m"], "start_timeout", 300.0),
 ]
