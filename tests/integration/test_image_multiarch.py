@@ -117,6 +117,17 @@ def test_push_writes_an_index_each_node_pulls_its_own(registry: str) -> None:
         assert (config["architecture"], config["os"]) == (arch, "linux")
 
 
+def test_build_pushes_an_index_to_a_loopback_registry(registry: str) -> None:
+    # `sandman image build` (the local cluster's path) pushes one too.
+    proc = _sandman(
+        "build", "daemon", f"--registry={registry}", "--version=0.0.0-build", "--arch=arm64,amd64"
+    )
+    assert proc.returncode == 0, proc.stderr
+    _, body = _get(registry, "sandman-daemon/manifests/0.0.0-build", f"{INDEX}, {MANIFEST}")
+    archs = [m["platform"]["architecture"] for m in json.loads(body)["manifests"]]
+    assert archs == ["arm64", "amd64"]  # the order given
+
+
 def test_export_writes_one_archive_per_arch(tmp_path: Path) -> None:
     proc = _sandman(
         "export", "daemon", f"--version={VERSION}", "--arch=amd64,arm64", "-o", str(tmp_path)
