@@ -21,7 +21,6 @@ from sandman import __version__
 from sandman.install import apply as ap
 from sandman.install import kubeversion, render
 from sandman.install.images import ImageNameError, Registry
-from sandman.webhook.mutate import DELIVERIES
 
 DEFAULT_OVERLAY = Path("sandman-overlay")
 
@@ -60,7 +59,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     p.add_argument(
         "--delivery",
-        choices=DELIVERIES,
+        choices=render.DELIVERIES,
         default=render.DEFAULT_DELIVERY,
         help="how the daemon reaches sandboxes (docs/install.md): copy = into each pod "
         "(default), shared = once per node, node = the node installer DaemonSet, the only "
