@@ -27,6 +27,7 @@ import asyncio
 import atexit
 import contextlib
 import inspect
+import os
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
@@ -330,6 +331,17 @@ def default_client() -> SyncClient:
         if c is None or c._loop.stopped:
             c = _defaults[""] = SyncClient()
         return c
+
+
+def _forget_defaults_in_child() -> None:
+    # A forked child has the parent's clients but not their loop threads: a
+    # call would wait forever. It makes its own on first use.
+    global _defaults_lock
+    _defaults.clear()
+    _defaults_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_defaults_in_child)
 
 
 @atexit.register

@@ -10,6 +10,8 @@ the context manager kills; errors reach the caller's thread as SandmanErrors.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -190,3 +192,17 @@ def test_errors_reach_the_callers_thread_as_sandman_errors(apiserver) -> None:  
         sb.run("true", timeout_s=1)
     assert d.value.status == 404
     sb.kill()
+
+
+def test_a_forked_child_makes_its_own_default_client(apiserver) -> None:  # type: ignore[no-untyped-def]
+    parent = sync_mod.default_client()
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's loop thread is not here
+        signal.alarm(20)  # a call that waits on the parent's loop would wait forever
+        ok = sync_mod.default_client() is not parent
+        with sandman.Sandbox.create("img:1", wait=False) as sb:
+            ok = ok and sb.name == "sandbox-x1"
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert sync_mod.default_client() is parent
