@@ -38,6 +38,10 @@ class CliError(Exception):
     """Reported as one line on stderr, exit code 125."""
 
 
+class UsageError(CliError):
+    """Arguments that do not go together (what argparse cannot check): exit code 2."""
+
+
 def add_kube_flags(p: argparse.ArgumentParser, *, transport: bool = False) -> None:
     g = p.add_argument_group("cluster (as kubectl)")
     g.add_argument(
@@ -133,6 +137,8 @@ def explain(e: BaseException) -> tuple[int, str] | None:
         # The daemon could not start the command: 127 when it does not exist, as a shell says.
         missing = e.code == "no_shell" or "No such file" in e.message
         return (EXIT_NOT_FOUND if missing else EXIT_CANNOT_RUN), e.message
+    if isinstance(e, UsageError):
+        return EXIT_USAGE, str(e)
     if isinstance(e, (SandmanError, CliError, KubeconfigError)):
         return EXIT_SANDMAN, str(e)
     if isinstance(e, json.JSONDecodeError):

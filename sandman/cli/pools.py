@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import getpass
-import json
 import os
 import shlex
 import socket
@@ -20,7 +19,16 @@ from typing import Any
 
 from sandman.cli import common, durations
 from sandman.cli.common import CliError, add_kube_flags
-from sandman.cli.output import Column, add_output_flag, emit, strip_kind
+from sandman.cli.output import (
+    ONE_FORMATS,
+    Column,
+    Formats,
+    add_output_flag,
+    emit,
+    emit_one,
+    output_format,
+    strip_kind,
+)
 from sandman.client import Sandbox, SandboxStartError, SandmanClient
 from sandman.contract import (
     ANN_EXPIRES_AT,
@@ -108,9 +116,11 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument(
         "-o",
         "--output",
-        choices=["name", "json", "yaml"],
+        type=output_format(ONE_FORMATS),
+        choices=Formats(ONE_FORMATS),
         default=None,
-        help="name: pod/NAME; json|yaml: the claim's details (default: NAME)",
+        metavar="FORMAT",
+        help="name: pod/NAME; json|yaml|jsonpath=TEMPLATE: the claim's details (default: NAME)",
     )
 
 
@@ -335,10 +345,6 @@ async def cmd_claim(args: argparse.Namespace, client: SandmanClient) -> int:
         "conflicts": res.conflicts,
         "claim_s": round(time.monotonic() - t0, 3),
     }
-    if args.output == "json":
-        print(json.dumps(doc))  # one line: scripts read it with jq
-    elif args.output == "yaml":
-        emit([doc], [], "yaml", kind="pod")
-    else:
+    if not emit_one(doc, args.output, kind="pod"):
         print(f"pod/{sb.name}" if args.output == "name" else sb.name)
     return 0

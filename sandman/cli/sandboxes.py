@@ -28,8 +28,18 @@ from urllib.parse import quote, urlencode
 import aiohttp
 
 from sandman.cli import common, durations
-from sandman.cli.common import CliError, add_kube_flags
-from sandman.cli.output import Column, add_output_flag, duration, emit, strip_kind
+from sandman.cli.common import CliError, UsageError, add_kube_flags
+from sandman.cli.output import (
+    ONE_FORMATS,
+    Column,
+    Formats,
+    add_output_flag,
+    duration,
+    emit,
+    emit_one,
+    output_format,
+    strip_kind,
+)
 from sandman.client import DaemonError, Sandbox, SandmanClient, SandmanError
 from sandman.client.results import Process
 from sandman.contract import (
@@ -65,11 +75,16 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p = cmd(
         "run",
         cmd_run,
-        help="create a sandbox from IMAGE and print its name",
-        usage="%(prog)s [options] IMAGE [-- COMMAND ...]",
+        help="create a sandbox from an image and print its name",
+        usage="%(prog)s [NAME] --image=IMAGE [options] [-- COMMAND ...]\n"
+        "       %(prog)s IMAGE [options] [-- COMMAND ...]",
+        description="As kubectl run: `run NAME --image=IMAGE -- COMMAND`. Without --image "
+        "the one positional argument is the image and the sandbox gets a generated name "
+        "(or --name).",
     )
-    p.add_argument("image")
-    p.add_argument("--name")
+    p.add_argument("target", nargs="?", metavar="NAME|IMAGE", help="NAME with --image, else IMAGE")
+    p.add_argument("--image", help="the sandbox's image (then the positional is its NAME)")
+    p.add_argument("--name", help="the pod's name (default: generated)")
     p.add_argument("--ttl", type=durations.lease, help="lease, e.g. 30m (default: the policy's)")
     p.add_argument("--idle-timeout", type=durations.lease, help="release after this long idle")
     p.add_argument("--profile")
@@ -84,9 +99,12 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument(
         "-o",
         "--output",
-        choices=["name", "json", "yaml"],
+        type=output_format(ONE_FORMATS),
+        choices=Formats(ONE_FORMATS),
         default=None,
-        help="name: pod/NAME; json|yaml: name, namespace, id, ip, timings (default: NAME)",
+        metavar="FORMAT",
+        help="name: pod/NAME; json|yaml|jsonpath=TEMPLATE: name, namespace, id, ip, "
+        "timings (default: NAME)",
     )
     # The command comes after `--` (split off before argparse sees it: argparse
     # mishandles `--` inside subcommands), so options may follow IMAGE.
@@ -96,16 +114,33 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "exec",
         cmd_exec,
         help="run a command in a sandbox; its exit code is ours",
-        usage="%(prog)s [options] POD -- COMMAND ...",
+        usage="%(prog)s [-i] [-t] [-c CONTAINER] [options] POD -- COMMAND ...",
+        description="Run COMMAND in the sandbox and exit with its exit code. As kubectl "
+        "exec: -i sends stdin, -t gives it a terminal; `-it POD -- bash` is interactive, "
+        "as `shell` is. Exit codes of Sandman's own: docs/cli.md.",
     )
     p.add_argument("pod")
+    p.add_argument(
+        "-c",
+        "--container",
+        help="the sandbox's container (the only one commands run in; default: it)",
+    )
+    p.add_argument(
+        "-t",
+        "--tty",
+        action="store_true",
+        help="run it on a terminal; with -i and a local terminal, interactively",
+    )
     p.add_argument("--cwd")
     p.add_argument("--env", "-e", action="append", default=[], metavar="K=V")
     p.add_argument(
         "--timeout", type=durations.seconds, default=600.0, help="the command's limit (600s)"
     )
     p.add_argument(
-        "-i", "--stdin", action="store_true", help="send our stdin (read to its end first)"
+        "-i",
+        "--stdin",
+        action="store_true",
+        help="send our stdin (without -t: read to its end first)",
     )
     p.add_argument(
         "-d",
@@ -149,6 +184,13 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("pod")
     p.add_argument("proc", nargs="?")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until it ends")
+    p.add_argument(
+        "--tail",
+        type=int,
+        default=-1,
+        metavar="N",
+        help="only the last N lines (then, with -f, what follows); -1: all (default)",
+    )
     p.add_argument("--stream", choices=["combined", "stdout", "stderr"], default="combined")
     p.add_argument("-c", "--container", help="without PROC: this container's log")
 
@@ -206,7 +248,90 @@ async def attach(client: SandmanClient, name: str) -> Sandbox:
     return await Sandbox.attach(client, pod_arg(name))
 
 
+def run_target(target: str | None, image: str | None, name: str | None) -> tuple[str, str | None]:
+    """(image, name) from `run`'s arguments: kubectl's `run NAME --image=IMAGE`,
+    and `run IMAGE` (Sandman's first form). --image decides: with it the
+    positional is the name, without it the image; nothing is guessed from
+    what the word looks like.
+
+    >>> run_target("web", "python:3.11", None)
+    ('python:3.11', 'web')
+    >>> run_target("python:3.11", None, None)
+    ('python:3.11', None)
+    >>> run_target("python:3.11", None, "web")
+    ('python:3.11', 'web')
+    >>> run_target(None, "python:3.11", "web")
+    ('python:3.11', 'web')
+    """
+    if image is not None:
+        if target is not None and name is not None and pod_arg(target) != name:
+            raise UsageError(f"run: the name is given twice ({target!r} and --name {name!r})")
+        return image, pod_arg(target) if target is not None else name
+    if target is None:
+        raise UsageError("run: give the image: `run NAME --image=IMAGE` or `run IMAGE`")
+    return target, name
+
+
+def exec_mode(tty: bool, stdin: bool, stdin_isatty: bool) -> tuple[bool, str | None]:
+    """(interactive on a terminal, a warning to print) for exec's -i/-t, as kubectl.
+
+    >>> exec_mode(True, True, True)      # exec -it POD -- bash, at a terminal
+    (True, None)
+    >>> exec_mode(True, True, False)     # exec -it in a pipe: kubectl's warning, no terminal
+    (False, 'Unable to use a TTY - input is not a terminal or the right kind of file')
+    >>> exec_mode(False, True, True)     # exec -i: stdin is read to its end, then sent
+    (False, None)
+    >>> exec_mode(True, False, True)     # exec -t without -i: nothing to type into
+    (False, None)
+    """
+    if tty and stdin:
+        if stdin_isatty:
+            return True, None
+        return False, "Unable to use a TTY - input is not a terminal or the right kind of file"
+    return False, None
+
+
+def exec_container(pod: dict[str, Any], wanted: str | None) -> None:
+    """`exec -c`: the sandbox's container is the one commands run in (its daemon
+    is there); any other container is refused by name, not silently ignored."""
+    if wanted is None:
+        return
+    ours = target_container(pod)
+    if wanted == ours:
+        return
+    name = pod["metadata"]["name"]
+    containers = [c["name"] for c in (pod.get("spec") or {}).get("containers") or []]
+    if wanted not in containers:
+        raise CliError(
+            f"pod {name} has no container {wanted!r} (containers: {', '.join(containers)})"
+        )
+    raise CliError(
+        f"container {wanted!r} of pod {name} is not the sandbox's: Sandman runs commands in "
+        f"{ours!r} only (its daemon is there); for {wanted!r} use kubectl exec -c {wanted}, "
+        "if your role allows it"
+    )
+
+
+def last_lines(data: bytes, n: int) -> bytes:
+    r"""The last ``n`` lines of ``data`` (all for n < 0), as `logs --tail` shows them.
+
+    >>> last_lines(b"a\nb\nc\n", 2)
+    b'b\nc\n'
+    >>> last_lines(b"a\nb\nc", 2)      # an unfinished last line counts as one
+    b'b\nc'
+    >>> last_lines(b"a\nb\n", 0), last_lines(b"a\nb\n", -1)
+    (b'', b'a\nb\n')
+    """
+    if n < 0:
+        return data
+    if n == 0:
+        return b""
+    lines = data.splitlines(keepends=True)
+    return b"".join(lines[-n:])
+
+
 async def cmd_run(args: argparse.Namespace, client: SandmanClient) -> int:
+    args.image, args.name = run_target(args.target, args.image, args.name)
     env = _pairs(args.env, "--env")
     resources = {}
     if args.cpu or args.memory:
@@ -234,9 +359,7 @@ async def cmd_run(args: argparse.Namespace, client: SandmanClient) -> int:
         f"({', '.join(f'{k}={v}' for k, v in phases.items())})"
     )
     doc = {"name": sb.name, "namespace": sb.namespace, "id": sb.id, "ip": sb.ip, "timings": phases}
-    if args.output in ("json", "yaml"):
-        emit([doc], [], args.output, kind="pod")  # a one-row listing, same encoders
-    else:
+    if not emit_one(doc, args.output, kind="pod"):
         print(f"pod/{sb.name}" if args.output == "name" else sb.name)
     return 0
 
@@ -246,10 +369,19 @@ async def cmd_exec(args: argparse.Namespace, client: SandmanClient) -> int:
     if not command:
         raise CliError("give a command after --, e.g. `sandman exec POD -- ls -l`")
     env = _pairs(args.env, "--env") or None
+    interactive, warning = exec_mode(args.tty, args.stdin, sys.stdin.isatty())
+    if args.detach and (args.stdin or args.tty):
+        raise UsageError("-d does not go with -i or -t (a detached process has no stdin here)")
     sb = await attach(client, args.pod)
+    exec_container(sb.pod, args.container)
+    if warning:
+        _progress(warning)
+    if interactive:
+        # A terminal: the command on a pseudo-terminal, as `shell` runs the image's shell.
+        from sandman.cli import terminal
+
+        return await terminal.interactive(sb, command, cwd=args.cwd, env=env)
     if args.detach:
-        if args.stdin:
-            raise CliError("-d and -i do not go together (a detached process has no stdin here)")
         proc = await sb.start(command, cwd=args.cwd, env=env, name=args.name)
         print(proc.id)
         _progress(f"started pid {proc.pid}; its output: sandman logs {sb.name} {proc.id} -f")
@@ -265,8 +397,8 @@ async def cmd_exec(args: argparse.Namespace, client: SandmanClient) -> int:
             out.flush()
         else:
             if item.timed_out:
-                print(f"error: timed out after {args.timeout:.0f}s", file=sys.stderr)
-                return 124
+                print(f"error: timed out after {args.timeout:g}s", file=sys.stderr)
+                return common.EXIT_TIMEOUT
             code = item.exit_code
     # Killed by signal N: report 128+N, as a shell does.
     return code if code >= 0 else 128 - code
@@ -508,10 +640,23 @@ def find_process(procs: list[Process], ref: str) -> Process:
 async def cmd_logs(args: argparse.Namespace, client: SandmanClient) -> int:
     sb = await attach(client, args.pod)
     if args.proc is None:
-        return await _container_log(client, sb, args.container, args.follow)
+        return await _container_log(client, sb, args.container, args.follow, args.tail)
     proc = find_process(await sb.processes(), args.proc)
     offset = 0
     out = sys.stdout.buffer
+    if args.tail >= 0:
+        # What is kept so far, cut to its last N lines; then, with -f, what follows.
+        kept = b""
+        while True:
+            page = await proc.read(offset=offset, stream=args.stream, wait_s=0.0)
+            kept += page.data
+            offset = page.next_offset
+            if offset >= page.end:
+                break
+        out.write(last_lines(kept, args.tail))
+        out.flush()
+        if not args.follow or not page.running:
+            return 0
     while True:
         page = await proc.read(
             offset=offset, stream=args.stream, wait_s=FOLLOW_POLL_S if args.follow else 0.0
@@ -530,12 +675,14 @@ async def cmd_logs(args: argparse.Namespace, client: SandmanClient) -> int:
 
 
 async def _container_log(
-    client: SandmanClient, sb: Sandbox, container: str | None, follow: bool
+    client: SandmanClient, sb: Sandbox, container: str | None, follow: bool, tail: int = -1
 ) -> int:
     kube = client.kube
     params = {"container": container or target_container(sb.pod)}
     if follow:
         params["follow"] = "true"
+    if tail >= 0:
+        params["tailLines"] = str(tail)
     url = (
         f"{kube.creds.server}/api/v1/namespaces/{quote(sb.namespace)}/pods/{quote(sb.name)}/log"
         f"?{urlencode(params)}"

@@ -21,14 +21,14 @@ import signal
 import sys
 import termios
 import tty
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from sandman.client.pty import Terminal
 from sandman.client.sandbox import Sandbox
 
-# Exit status when the connection ended before the program did (ssh uses 255
-# for its own failures; 0-254 are the program's).
-LOST = 255
+# Exit status when the connection ended before the program did: Sandman's
+# own failure code (docs/cli.md), as every command uses for its failures.
+LOST = 125
 # Signals that end this process politely: each restores the terminal first.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 READ_CHUNK = 64 << 10
@@ -125,6 +125,8 @@ async def interactive(
     *,
     stdin_fd: int | None = None,
     stdout_fd: int | None = None,
+    cwd: str | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> int:
     """Run ``cmd`` (default: the image's shell) on a terminal in ``sandbox``,
     attached to this process's terminal; returns the exit status to exit with."""
@@ -141,7 +143,8 @@ async def interactive(
         stopped.append(sig)
         me.cancel()
 
-    async with await sandbox.pty(cmd, rows=rows, cols=cols, term=term_type) as term:
+    pty = sandbox.pty(cmd, rows=rows, cols=cols, term=term_type, cwd=cwd, env=env)
+    async with await pty as term:
         for sig in STOP_SIGNALS:
             loop.add_signal_handler(sig, stop, sig)
         try:
