@@ -114,7 +114,7 @@ def test_a_sandman_user_claims_lists_in_every_format_and_completes(
         assert out.returncode == 0, out.stderr
         return out.stdout.split()
 
-    assert complete("po") == ["pool", "port-forward"]
+    assert complete("po") == ["policy", "pool", "port-forward"]
     assert pod in complete("exec", pod[:-2])
     assert complete("claim", "w") == ["web"]
     assert complete("ls", "-o", "") == ["json", "name", "wide", "yaml"]
