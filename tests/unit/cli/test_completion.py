@@ -13,10 +13,15 @@ from pathlib import Path
 import pytest
 
 from sandman.cli.completion import DEFAULT, NO_FILES, complete
+from sandman.cli.main import COMMANDS
+
+# Every command that starts with "po" (pool, port-forward, policy, ...).
+PO = sorted(c for c in COMMANDS if c.startswith("po"))
+assert {"pool", "port-forward"} <= set(PO)
 
 
 def test_commands_and_pool_verbs() -> None:
-    assert complete(["po"]) == (["policy", "pool", "port-forward"], NO_FILES)
+    assert complete(["po"]) == (PO, NO_FILES)
     assert complete(["pool", ""]) == (["create", "delete", "ls", "scale"], NO_FILES)
     assert complete(["pool", "l"]) == (["ls"], NO_FILES)
 
@@ -73,7 +78,7 @@ def zsh(*words: str) -> list[str]:
 
 @pytest.mark.parametrize("complete_in", [bash, zsh], ids=["bash", "zsh"])
 def test_the_scripts_complete_through_the_engine(complete_in: Callable[..., list[str]]) -> None:
-    assert complete_in("po") == ["policy", "pool", "port-forward"]
+    assert complete_in("po") == PO
     assert complete_in("ls", "-o", "") == ["json", "name", "wide", "yaml"]
     assert complete_in("pool", "s") == ["scale"]
 
