@@ -5,7 +5,8 @@ table (stdout); the results directory keeps everything (docs/eval.md).
 Exit codes: 0 every task scored; 2 some task could not be scored (an
 infrastructure failure after its attempts, or a broken task): the number has
 holes; 1 the run was refused (bad spec, moved run, offline tasks that would
-have network).
+have network, no node where the tasks' pods could run, or no dedicated node with
+--require-dedicated).
 """
 
 from __future__ import annotations
@@ -50,6 +51,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--allow-unverified-network", action="store_true",
                    help="run offline tasks even where a canary cannot show that "
                         "NetworkPolicy is enforced (recorded: network unverified)")  # fmt: skip
+    p.add_argument("--require-dedicated", action="store_true",
+                   help="refuse the run unless nodes are dedicated to the profile (labelled "
+                        "and tainted sandman.dev/dedicated=PROFILE); without it a run with "
+                        "none runs on shared nodes and records so")  # fmt: skip
+    p.add_argument("--skip-node-check", action="store_true",
+                   help="do not look at the nodes before the run (nodes an autoscaler adds "
+                        "on demand); each task's node is still checked and recorded")  # fmt: skip
     p.add_argument("--insecure-registry", action="append", default=[], metavar="HOST",
                    help="plain HTTP to HOST when pinning images (loopback always is)")  # fmt: skip
     p.add_argument("--registry-endpoint", action="append", default=[], metavar="HOST=URL",
@@ -96,6 +104,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from sandman.client import SandmanClient
     from sandman.eval.canary import NetworkUnverified
     from sandman.eval.network import NetworkNotIsolated
+    from sandman.eval.placement import PlacementRefused
     from sandman.eval.results import ResultsDir, RunExists
     from sandman.eval.runner import EvalRun, Hooks, Options, SpecChanged
     from sandman.eval.spec import SpecError, parse_spec
@@ -116,6 +125,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         concurrency=args.concurrency, attempts=args.attempts, repeat=args.repeat,
         profile=args.profile, start_timeout_s=args.start_timeout, resume=args.resume,
         allow_unverified_network=args.allow_unverified_network,
+        require_dedicated=args.require_dedicated, check_nodes=not args.skip_node_check,
     )  # fmt: skip
 
     async def main() -> Any:
@@ -132,7 +142,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     try:
         result = asyncio.run(main())
-    except (RunExists, SpecChanged, NetworkNotIsolated, NetworkUnverified, ValueError) as e:
+    except (RunExists, SpecChanged, NetworkNotIsolated, NetworkUnverified, PlacementRefused,
+            ValueError) as e:  # fmt: skip
         print(f"sandman eval run: refused: {e}", file=sys.stderr)
         return EXIT_REFUSED
     except (ApiError, OSError) as e:

@@ -69,6 +69,14 @@ class Settings:
     hook: Hook | None = None
     clock: Callable[[], float] = time.monotonic
     network: canary.NetworkCheck | None = None  # the offline tasks' canary (canary.py)
+    # The run's placement (placement.py): what is added to every pod's
+    # nodeSelector, the preflight's record, whether a task on a node not
+    # dedicated to the profile is an unmet condition, and how a node is judged
+    # (node name, pod) -> dedicated? (None: unknown).
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    placement: Mapping[str, Any] = field(default_factory=dict)
+    require_dedicated: bool = False
+    node_dedicated: Callable[[str, Mapping[str, Any]], Awaitable[bool | None]] | None = None
 
 
 @dataclass
@@ -97,6 +105,28 @@ class Outcome:
 
 def _argv(cmd: tuple[str, ...] | str) -> list[str] | str:
     return cmd if isinstance(cmd, str) else list(cmd)
+
+
+def pod_args(
+    task: Task,
+    *,
+    run_id: str,
+    profile: str,
+    start_timeout_s: float,
+    node_selector: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A task pod's settings as ``Sandbox.create`` and ``build_pod`` take them:
+    the runner's preflight dry-runs the very pod the attempt creates."""
+    lease = start_timeout_s + task.timeout.total_seconds() + LEASE_MARGIN_S
+    return {
+        "command": task.pod_command,
+        "env": conditions.pod_env(task),
+        "resources": conditions.resources(task),
+        "profile": profile,
+        "labels": conditions.pod_labels(task, run_id),
+        "ttl": format_duration(dt.timedelta(seconds=lease)),
+        "node_selector": dict(node_selector or {}) or None,
+    }
 
 
 async def _create(client: SandmanClient, body: dict[str, Any], ns: str) -> dict[str, Any]:
@@ -137,20 +167,15 @@ class Runner:
             assert s.network is not None
             s.network.raise_if_refused()  # no sandbox for a run already refused
         t = await self._enter(a, "start")
-        lease = s.start_timeout_s + task.timeout.total_seconds() + LEASE_MARGIN_S
         a.sandbox = sb = await Sandbox.create(
             s.client,
             pin.image,
             namespace=s.namespace,
-            command=task.pod_command,
-            env=conditions.pod_env(task),
-            resources=conditions.resources(task),
-            profile=s.profile,
-            labels=conditions.pod_labels(task, s.run_id),
-            ttl=format_duration(dt.timedelta(seconds=lease)),
+            **pod_args(task, run_id=s.run_id, profile=s.profile,
+                       start_timeout_s=s.start_timeout_s, node_selector=s.node_selector),
             timeout_s=s.start_timeout_s,
             create_fn=lambda body, ns: _create(s.client, body, ns),
-        )
+        )  # fmt: skip
         a.phases["start_s"] = s.clock() - t
         for name, value in sb.timings.phases().items():
             if name in SANDBOX_PHASES and value is not None:
@@ -204,12 +229,27 @@ class Runner:
         a.conditions["image"] = pin.image
         a.conditions["image_digest"] = pin.digest
         problems = conditions.check_pod(sb.pod, digest=pin.digest, profile=self.s.profile)
+        node = a.conditions.get("node")
+        if self.s.placement:
+            dedicated = None
+            if node and self.s.node_dedicated is not None:
+                dedicated = await self.s.node_dedicated(node, sb.pod)
+            a.conditions.update(
+                dedicated_node=dedicated,
+                placement=self.s.placement.get("verdict"),
+                placement_reason=self.s.placement.get("reason", ""),
+            )
+            if self.s.require_dedicated and dedicated is not True:
+                problems.append(
+                    f"node {node} is not dedicated to profile {self.s.profile!r} "
+                    f"({'unknown' if dedicated is None else 'no label or taint'}); "
+                    "--require-dedicated"
+                )
         if problems:
             raise ConditionsNotMet("; ".join(problems))
         status = await sb.status()
         a.versions["daemon"] = status.get("version")
         a.versions["sandman_injected"] = a.conditions.pop("sandman_injected")
-        node = a.conditions.get("node")
         if node and self.s.node_info is not None:
             a.versions.update(await self.s.node_info(node))
 

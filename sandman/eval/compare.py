@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sandman.eval.summary import task_scores
+from sandman.eval.summary import dedicated_nodes, task_scores
 
 # The conventional 5% level: "beyond noise" means a difference this large
 # would come up by chance less than once in 20 runs of two equal agents.
@@ -55,6 +55,9 @@ def compare(
     fixes = len(changed) - regressions
     p = mcnemar_exact(regressions, fixes)
     da, db = _digests(a), _digests(b)
+    # A run on shared nodes is not measured like one on dedicated nodes: timings
+    # and timeouts move with the neighbours' load.
+    na, nb = dedicated_nodes(a), dedicated_nodes(b)
     all_a, all_b = {r["task"] for r in a}, {r["task"] for r in b}
 
     def rate(scores: Mapping[str, float]) -> float | None:
@@ -76,6 +79,9 @@ def compare(
         "only_in_a": sorted(all_a - all_b),
         "only_in_b": sorted(all_b - all_a),
         "image_changed": sorted(t for t in paired if da.get(t) != db.get(t)),
+        "dedicated_nodes_a": na["dedicated_nodes"],
+        "dedicated_nodes_b": nb["dedicated_nodes"],
+        "conditions_differ": na["dedicated_nodes"] != nb["dedicated_nodes"],
     }
 
 
@@ -104,6 +110,12 @@ def render_compare(c: Mapping[str, Any], name_a: str, name_b: str) -> str:
     ):
         if c[key]:
             lines.append(f"{title}: {', '.join(c[key])}")
+    if c["dedicated_nodes_a"] is not True or c["dedicated_nodes_b"] is not True:
+        word = {True: "yes", False: "no", None: "unknown"}
+        line = (
+            f"dedicated nodes: A {word[c['dedicated_nodes_a']]}, B {word[c['dedicated_nodes_b']]}"
+        )
+        lines.append(line + (": the runs' conditions differ" if c["conditions_differ"] else ""))
     verdict = "beyond noise" if c["beyond_noise"] else "within noise"
     lines.append(
         f"McNemar exact test: {c['pass_to_fail']} pass->fail, {c['fail_to_pass']} fail->pass, "

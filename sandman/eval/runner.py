@@ -1,8 +1,11 @@
 """`sandman eval run`: every task of a spec, in fresh sandboxes, under the
 controlled conditions, with infrastructure failures retried and never scored.
 
-Order of a run: pin the images (``pins.resolve``, once), check the offline
-NetworkPolicies (``network.ensure_offline``), write ``run.json``, then run
+Order of a run: pin the images (``pins.resolve``, once), decide where the
+sandboxes go (``placement``: a dry run of the task pods and the nodes; a run
+that cannot be placed as asked is refused here, before anything is created),
+check the offline NetworkPolicies (``network.ensure_offline``), write
+``run.json``, then run
 (task, repeat) pairs at the given concurrency, each attempt in a new sandbox
 (``attempt.Runner``), appending each finished task's line as it lands, and
 end with the results in spec order and the summary. A run resumed in the same
@@ -21,14 +24,15 @@ from typing import Any
 
 from sandman import __version__
 from sandman.client import SandmanClient
+from sandman.client.sandbox import build_pod
 from sandman.clock import utc_now
 from sandman.contract import format_time
 from sandman.eval import attempt as attempt_mod
-from sandman.eval import canary, decide, network, pins
+from sandman.eval import canary, decide, network, pins, placement
 from sandman.eval.results import Key, ResultsDir, RunExists, finished, task_record
 from sandman.eval.spec import Spec, Task
 from sandman.eval.summary import render_text, summarize
-from sandman.kube_async import NODES, ApiError
+from sandman.kube_async import NODES, PODS, ApiError
 from sandman.oci import ImageNotFound, RegistryError
 from sandman.registry import Keychain, RegistryClient
 
@@ -49,6 +53,13 @@ class Options:
     # Run offline tasks even where the canary cannot show the network is off
     # (canary.py); the run records network: unverified.
     allow_unverified_network: bool = False
+    # Refuse the run unless every task can have a node dedicated to the
+    # profile (placement.py); without it a run with none runs on shared nodes
+    # and records so.
+    require_dedicated: bool = False
+    # Look at the nodes before the run (off: nodes an autoscaler adds on
+    # demand, which a preflight would find missing).
+    check_nodes: bool = True
 
 
 @dataclass
@@ -101,7 +112,8 @@ class EvalRun:
         self.keychain = keychain
         self.hooks = hooks or Hooks()
         self.clock, self.wall, self.sleep = clock, wall, sleep
-        self._nodes: dict[str, dict[str, Any]] = {}
+        self._nodes: dict[str, tuple[dict[str, Any] | None, int]] = {}  # name -> (node, HTTP error)
+        self.preflight: placement.Preflight | None = None
         self.run_doc: dict[str, Any] = {}
         self.pins: dict[str, pins.Pin] = {}
         self.network = canary.NetworkCheck(options.allow_unverified_network)
@@ -143,6 +155,10 @@ class EvalRun:
                     sleep=self.sleep,
                 )
             )
+        # Before anything is created (the offline policies included).
+        self.preflight = await self._preflight()
+        if self.preflight.verdict == placement.REFUSED:
+            raise placement.PlacementRefused(self.preflight.message())
         net = None
         if any(not t.network for t in self.spec.tasks):
             net = await network.ensure_offline(self.client.kube, self.opts.namespace)
@@ -154,6 +170,7 @@ class EvalRun:
             repeat=self.opts.repeat,
             pins={r: asdict(p) for r, p in sorted(self.pins.items())},
             network=net,
+            placement=self.preflight.record(),
             versions={"sandman_runner": __version__, "kubernetes": await self._server_version()},
         )
         self.out.write_run(self.run_doc)
@@ -168,20 +185,69 @@ class EvalRun:
             return None
         return str(doc.get("gitVersion")) if isinstance(doc, dict) else None
 
-    async def _node_info(self, name: str) -> dict[str, Any]:
+    async def _preflight(self) -> placement.Preflight:
+        """Where the run's pods can go: the webhook's answer for each distinct
+        task size (a server-side dry run: nothing is created) against the nodes."""
+        probes: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
+        for t in self.spec.tasks:
+            pin = self.pins.get(t.image)
+            if pin is not None and pin.digest is not None and t.resources not in probes:
+                args = attempt_mod.pod_args(t, run_id=self.run_doc["run_id"],
+                                            profile=self.opts.profile,
+                                            start_timeout_s=self.opts.start_timeout_s)  # fmt: skip
+                probes[t.resources] = build_pod(
+                    pin.image, name=None, idle_timeout=None, workspace=None, annotations={},
+                    tolerations=None, **args,
+                )  # fmt: skip
+        placements = []
+        for body in probes.values():
+            try:
+                pod = await self.client.kube.create(PODS, body, self.opts.namespace, dry_run="All")
+            except ApiError:
+                # Refused (policy, quota) or admission down: the task's own
+                # attempt meets the same answer and records it as its reason.
+                continue
+            placements.append(placement.Placement.of_pod(pod))
+        nodes, error = None, f"{placement.SKIP_FLAG} was given"
+        if self.opts.check_nodes:
+            try:
+                items = (await self.client.kube.list(NODES)).get("items") or []
+                nodes = [placement.Node.of(n) for n in items]
+            except ApiError as e:
+                error = f"listing them failed: HTTP {e.status}"
+        return placement.decide(
+            self.opts.profile, placements, nodes,
+            require_dedicated=self.opts.require_dedicated, nodes_error=error,
+        )  # fmt: skip
+
+    async def _node(self, name: str) -> tuple[dict[str, Any] | None, int]:
         if name not in self._nodes:
             try:
-                node = await self.client.kube.get(NODES, name)
-                info = (node.get("status") or {}).get("nodeInfo") or {}
-                self._nodes[name] = {
-                    "kubelet": info.get("kubeletVersion"),
-                    "container_runtime": info.get("containerRuntimeVersion"),
-                    "kernel": info.get("kernelVersion"),
-                    "os_image": info.get("osImage"),
-                }
+                self._nodes[name] = (await self.client.kube.get(NODES, name), 0)
             except ApiError as e:  # no RBAC on nodes: the node's name is still recorded
-                self._nodes[name] = {"node_info": f"unreadable (HTTP {e.status})"}
+                self._nodes[name] = (None, e.status)
         return self._nodes[name]
+
+    async def _node_info(self, name: str) -> dict[str, Any]:
+        node, status = await self._node(name)
+        if node is None:
+            return {"node_info": f"unreadable (HTTP {status})"}
+        info = (node.get("status") or {}).get("nodeInfo") or {}
+        return {
+            "kubelet": info.get("kubeletVersion"),
+            "container_runtime": info.get("containerRuntimeVersion"),
+            "kernel": info.get("kernelVersion"),
+            "os_image": info.get("osImage"),
+        }
+
+    async def _node_dedicated(self, name: str, pod: Mapping[str, Any]) -> bool | None:
+        """Whether the node a task ran on is dedicated to the profile; where
+        nodes cannot be read, what the pod's nodeSelector guarantees (the label)."""
+        node, _ = await self._node(name)
+        if node is not None:
+            return not placement.dedication_gaps(placement.Node.of(node), self.opts.profile)
+        selector = (pod.get("spec") or {}).get("nodeSelector") or {}
+        return True if selector.get(placement.DEDICATED_KEY) == self.opts.profile else None
 
     # -- running -----------------------------------------------------------------
     async def run(self) -> RunResult:
@@ -203,6 +269,10 @@ class EvalRun:
             hook=self.hooks.before_phase,
             clock=self.clock,
             network=self.network,
+            node_selector=self.preflight.pin if self.preflight else {},
+            placement=self.preflight.record() if self.preflight else {},
+            require_dedicated=self.opts.require_dedicated,
+            node_dedicated=self._node_dedicated,
         )
         runner = attempt_mod.Runner(settings)
         gate = asyncio.Semaphore(self.opts.concurrency)

@@ -85,6 +85,43 @@ def task_scores(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
     return {t: sum(s) / len(s) for t, s in scores.items()}
 
 
+def dedicated_nodes(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Whether the tasks ran on nodes dedicated to their profile, from the
+    conditions recorded on each task's node (tasks that never got one are not
+    counted): ``dedicated_nodes`` is True when all did, False when any ran on
+    a shared node, None when that is unknown (nodes unreadable, no task
+    started, or results from before it was recorded)."""
+    conds = [r["conditions"] for r in records if "dedicated_node" in (r.get("conditions") or {})]
+    on = sum(1 for c in conds if c["dedicated_node"] is True)
+    off = sum(1 for c in conds if c["dedicated_node"] is False)
+    unknown = len(conds) - on - off
+    verdict = False if off else (None if unknown or not conds else True)
+    reason = next(
+        (c["placement_reason"] for c in conds
+         if c["dedicated_node"] is not True and c.get("placement_reason")),
+        "",
+    )  # fmt: skip
+    return {
+        "dedicated_nodes": verdict,
+        "on_dedicated": on,
+        "on_shared": off,
+        "unknown": unknown,
+        "reason": reason,
+    }
+
+
+def dedicated_text(d: Mapping[str, Any]) -> str | None:
+    """One line for a run that did not (or may not) have dedicated nodes."""
+    if d["dedicated_nodes"] is True or not (d["on_shared"] or d["unknown"]):
+        return None
+    if d["on_shared"]:
+        n = d["on_shared"] + d["on_dedicated"] + d["unknown"]
+        text = f"dedicated nodes: no: {d['on_shared']} of {n} tasks ran on shared nodes"
+    else:
+        text = f"dedicated nodes: unknown for {d['unknown']} tasks"
+    return text + (f" ({d['reason']})" if d["reason"] else "")
+
+
 def summarize(records: Sequence[Mapping[str, Any]], *, max_attempts: int) -> dict[str, Any]:
     status = Counter(r["status"] for r in records)
     scores = task_scores(records)
@@ -118,6 +155,7 @@ def summarize(records: Sequence[Mapping[str, Any]], *, max_attempts: int) -> dic
         "ci_method": "wilson",
         "phases": _phase_stats(records),
         "failures": failures,
+        "conditions": dedicated_nodes(records),
         "flaky": flaky_tasks(records),
         "complete": not infra and not status[ERROR],
         "line": line,
@@ -161,6 +199,8 @@ def render_text(summary: Mapping[str, Any], records: Sequence[Mapping[str, Any]]
         lines.append(f"flaky over {s['repeats']} repeats: {flaky}")
     elif s["repeats"] > 1:
         lines.append(f"flaky over {s['repeats']} repeats: none")
+    if (dedicated := dedicated_text(s["conditions"])) is not None:
+        lines.append(dedicated)
     if s["phases"]:
         lines.append("")
         lines.append(f"{'phase':<18}{'n':>5}{'p50':>9}{'p90':>9}{'max':>9}")

@@ -106,6 +106,12 @@ async def test_an_eval_sandbox_cannot_be_claimed_or_reset(
 # -- a tag that moves ---------------------------------------------------------
 @pytest.fixture
 def registry(tmp_path: Path) -> Iterator[str]:
+    with loopback_registry(tmp_path) as host:
+        yield host
+
+
+@contextmanager
+def loopback_registry(tmp_path: Path) -> Iterator[str]:
     """A plain-HTTP docker-registry on a free loopback port: its host:port."""
     if shutil.which("docker-registry") is None:
         pytest.skip("docker-registry missing (python -m sandman.harness.prereqs installs it)")
@@ -190,9 +196,14 @@ RULE = "test-eval-kwok"
 
 @contextmanager
 def kwok_eval_policy(
-    cluster: LocalCluster, core: CoreV1Api, namespace: str, registry: str
+    cluster: LocalCluster,
+    core: CoreV1Api,
+    namespace: str,
+    registry: str,
+    eval_profile: dict[str, Any] | None = None,
 ) -> Iterator[None]:
-    """A rule for the test's namespace whose eval profile places sandboxes on kwok nodes."""
+    """A rule for the test's namespace whose eval profile places sandboxes on
+    kwok nodes (``eval_profile``: that profile, which must select kwok nodes)."""
     handle = cluster.deployment.policy  # type: ignore[union-attr]
     original = handle.read()
     doc = yaml.safe_load(original)
@@ -204,6 +215,8 @@ def kwok_eval_policy(
     profile = rule.setdefault("profiles", {}).setdefault("eval", {})
     profile["nodeSelector"] = {NODE_KIND_LABEL: "kwok"}
     profile["tolerations"] = [KWOK_TOLERATION]
+    if eval_profile is not None:
+        rule["profiles"]["eval"] = eval_profile
     doc["rules"] = [rule, *[r for r in rules if r.get("name") != RULE]]
     handle.write(yaml.safe_dump(doc, sort_keys=False))
     core.patch_namespace(namespace, {"metadata": {"labels": {POLICY_LABEL: "eval-kwok"}}})

@@ -101,3 +101,53 @@ def test_compare_pairs_tasks_and_names_changes() -> None:
     assert "beyond noise" in text and "a  fail -> pass" in text
     same = compare(a, a)
     assert same["changed"] == [] and same["p_value"] == 1.0 and not same["beyond_noise"]
+
+
+def on(task: str, dedicated: bool | None, reason: str = "") -> dict[str, Any]:
+    """A scored task that ran on a node judged dedicated (True), shared or unknown."""
+    r = rec(task, "pass")
+    r["conditions"] = {"dedicated_node": dedicated, "placement_reason": reason,
+                       "placement": {True: "dedicated", False: "shared"}.get(dedicated)}  # type: ignore[arg-type]  # fmt: skip
+    return r
+
+
+def test_the_summary_says_whether_the_tasks_had_dedicated_nodes() -> None:
+    why = "no node is labelled sandman.dev/dedicated=eval (dedicated to profile 'eval')"
+    shared = [on("a", False, why), on("b", False, why), rec("c", "infra_failed")]
+    s = summarize(shared, max_attempts=1)
+    # c never got a node: not counted either way.
+    assert s["conditions"] == {"dedicated_nodes": False, "on_dedicated": 0, "on_shared": 2,
+                               "unknown": 0, "reason": why}  # fmt: skip
+    assert f"dedicated nodes: no: 2 of 2 tasks ran on shared nodes ({why})\n" in render_text(
+        s, shared
+    )
+    # One task on a shared node makes the run not dedicated.
+    mixed = summarize([on("a", True), on("b", False)], max_attempts=1)["conditions"]
+    assert mixed["dedicated_nodes"] is False and mixed["on_dedicated"] == 1
+    dedicated = [on("a", True), on("b", True)]
+    s = summarize(dedicated, max_attempts=1)
+    assert s["conditions"]["dedicated_nodes"] is True
+    assert "dedicated nodes" not in render_text(s, dedicated)
+    # Nodes that could not be read; results from before this was recorded.
+    unread = summarize([on("a", None, "the nodes cannot be listed")], max_attempts=1)
+    assert unread["conditions"]["dedicated_nodes"] is None
+    assert "dedicated nodes: unknown for 1 tasks (the nodes cannot be listed)" in render_text(
+        unread, [on("a", None, "the nodes cannot be listed")]
+    )
+    assert summarize([rec("a", "pass")], max_attempts=1)["conditions"]["dedicated_nodes"] is None
+
+
+def test_compare_flags_runs_whose_nodes_differ() -> None:
+    a = [on("t1", True), on("t2", True)]
+    b = [on("t1", False), on("t2", False)]
+    c = compare(a, b)
+    assert c["dedicated_nodes_a"] is True and c["dedicated_nodes_b"] is False
+    assert c["conditions_differ"] and c["changed"] == []
+    assert "dedicated nodes: A yes, B no: the runs' conditions differ" in render_compare(
+        c, "A", "B"
+    )
+    same = compare(a, a)
+    assert not same["conditions_differ"] and "dedicated nodes" not in render_compare(same, "A", "B")
+    both_shared = compare(b, b)
+    assert not both_shared["conditions_differ"]
+    assert "dedicated nodes: A no, B no\n" in render_compare(both_shared, "A", "B")
