@@ -166,3 +166,58 @@ def test_oci_layout_of_one_image_is_unchanged(two_images, tmp_path: Path) -> Non
             "annotations": {"org.opencontainers.image.ref.name": "1"},
         }
     ]
+
+
+# -- recipes per architecture ----------------------------------------------------------
+def test_component_configs_carry_their_arch() -> None:
+    from sandman.harness.images import components, controller
+
+    arm = components.config("daemon", ARM64)
+    assert (arm.architecture, arm.variant) == ("arm64", "v8")
+    # amd64: the config as it always was (so are its bytes and digest).
+    assert components.config("controller", AMD64) == controller.CONFIG
+
+
+def test_the_local_clusters_images_are_built_for_the_host_only() -> None:
+    from sandman.harness.images.build import ImageBuildError, recipe
+
+    other = ARM64 if platforms.host() == AMD64 else AMD64
+    with pytest.raises(ImageBuildError, match=f"image tiny is built for .*--arch {other}"):
+        recipe("tiny", arch=other)
+    assert recipe("tiny", arch=platforms.host()).name == "tiny"
+
+
+def test_wheel_platforms_per_arch() -> None:
+    from sandman.harness.images import controller
+
+    # x86_64: the tags the image was always built with.
+    assert (
+        controller.wheel_platforms(AMD64)
+        == controller.WHEEL_PLATFORMS
+        == (
+            "manylinux_2_36_x86_64",
+            "manylinux_2_34_x86_64",
+            "manylinux_2_28_x86_64",
+            "manylinux_2_17_x86_64",
+            "manylinux2014_x86_64",
+            "manylinux_2_5_x86_64",
+            "manylinux1_x86_64",
+        )
+    )
+    assert "manylinux2014_aarch64" in controller.wheel_platforms(ARM64)
+    assert "manylinux_2_17_aarch64" in controller.wheel_platforms(ARM64)
+
+
+def test_the_lock_holds_a_wheel_per_arch() -> None:
+    from sandman.harness.images import controller
+
+    hashes = {}
+    for line in controller.LOCK.read_text().splitlines():
+        if line and not line.startswith("#"):
+            pin, *flags = line.split()
+            hashes[pin.split("==")[0]] = [f for f in flags if f.startswith("--hash=sha256:")]
+    # Compiled wheels differ per architecture; pure-Python ones serve both.
+    for compiled in ("cryptography", "aiohttp", "pyyaml", "cffi"):
+        assert len(hashes[compiled]) == 2, compiled
+    for pure in ("idna", "attrs", "typing-extensions"):
+        assert len(hashes[pure]) == 1, pure
