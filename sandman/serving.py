@@ -48,9 +48,13 @@ async def serve_app(
     background: Sequence[Background] = (),
     drain_s: float = 0.0,
     stop: asyncio.Event | None = None,
+    on_listening: Callable[[list[tuple[str, int]]], None] | None = None,
 ) -> int:
     """Serve ``app`` until SIGTERM or SIGINT (or ``stop`` is set); returns
     the exit code (0).
+
+    ``on_listening`` hears the (host, port) pairs really bound once the site
+    listens: with port 0 the kernel picks the port, and only this knows it.
 
     ``background`` coroutines are process-level work (not the app's, which
     belongs in its cleanup_ctx): each starts once the site listens, so the
@@ -83,6 +87,8 @@ async def serve_app(
         runner, host, port, ssl_context=ssl_context, reuse_address=True, backlog=1024
     )
     await site.start()
+    if on_listening is not None:
+        on_listening([(str(a[0]), int(a[1])) for a in runner.addresses])
     tasks = [asyncio.ensure_future(fn()) for fn in background]
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from sandman.adapters.e2b.gateway import MAX_UPLOAD_BYTES, GatewayConfig, run_gateway
 from sandman.cli import durations
+from sandman.kube_async import load_credentials
 from sandman.serving import add_listen_flag
 
 KEY_ENV = "SANDMAN_E2B_API_KEY"
@@ -26,9 +27,17 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "E2B_SANDBOX_URL and E2B_API_KEY, creates and drives Sandman sandboxes "
         "(template = image, set_timeout = lease, kill = release).",
     )
-    add_listen_flag(p, DEFAULT_LISTEN, "where to listen (keep it on loopback)")
+    add_listen_flag(
+        p, DEFAULT_LISTEN, "where to listen (keep it on loopback; port 0: any free port)"
+    )
     p.add_argument("--kubeconfig", default=None, help="default: $KUBECONFIG, ~/.kube/config")
-    p.add_argument("-n", "--namespace", default="default", help="where sandboxes are made")
+    p.add_argument("--context", default=None, help="kubeconfig context (default: its current)")
+    p.add_argument(
+        "-n",
+        "--namespace",
+        default=None,
+        help="where sandboxes are made (default: the context's namespace, as kubectl)",
+    )
     p.add_argument("--transport", choices=("auto", "direct", "proxy"), default="auto")
     p.add_argument(
         "--template",
@@ -82,24 +91,43 @@ def _api_key(path: Path | None) -> tuple[str, bool]:
     return "sandman_" + secrets.token_urlsafe(24), True
 
 
+def gateway_url(host: str, port: int) -> str:
+    """The URL clients use for a bound (host, port).
+
+    >>> gateway_url("127.0.0.1", 49982), gateway_url("::1", 8080)
+    ('http://127.0.0.1:49982', 'http://[::1]:8080')
+    """
+    return f"http://{host if ':' not in host else f'[{host}]'}:{port}"
+
+
 def cmd_gateway(args: argparse.Namespace) -> int:
     host, port = args.listen
     key, generated = _api_key(args.api_key_file)
+    # The context's namespace when -n is not given, as kubectl (and every other
+    # command here) does; "default" only where the context names none.
+    namespace = args.namespace or load_credentials(args.kubeconfig, args.context).namespace
     config = GatewayConfig(
-        namespace=args.namespace,
+        namespace=namespace,
         api_key=key,
         templates=_pairs(args.template, "--template"),
         node_selector=_pairs(args.node_selector, "--node-selector") or None,
         startup_timeout_s=args.startup_timeout,
         max_upload_bytes=args.max_upload_bytes,
     )
-    url = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
-    print(f"export E2B_API_URL={url} E2B_SANDBOX_URL={url}", file=sys.stderr)
-    if generated:
-        print(f"export E2B_API_KEY={key}", file=sys.stderr)
-    sys.stderr.flush()
+
+    def listening(addresses: list[tuple[str, int]]) -> None:
+        # The port really bound (with --listen HOST:0 the kernel's pick), once bound.
+        bound_host, bound_port = addresses[0] if addresses else (host, port)
+        url = gateway_url(bound_host, bound_port)
+        print(f"serving E2B's API for namespace {namespace} on {url}", file=sys.stderr)
+        print(f"export E2B_API_URL={url} E2B_SANDBOX_URL={url}", file=sys.stderr)
+        if generated:
+            print(f"export E2B_API_KEY={key}", file=sys.stderr)
+        sys.stderr.flush()
+
     return asyncio.run(
         run_gateway(
-            config, host=host, port=port, kubeconfig=args.kubeconfig, transport=args.transport
+            config, host=host, port=port, kubeconfig=args.kubeconfig, context=args.context,
+            transport=args.transport, on_listening=listening,
         )
-    )
+    )  # fmt: skip

@@ -217,14 +217,22 @@ def create_app(config: GatewayConfig, client: SandmanClient) -> web.Application:
 
 
 async def run_gateway(
-    config: GatewayConfig, *, host: str, port: int, kubeconfig: str | None, transport: str
+    config: GatewayConfig,
+    *,
+    host: str,
+    port: int,
+    kubeconfig: str | None,
+    transport: str,
+    context: str | None = None,
+    on_listening: Callable[[list[tuple[str, int]]], None] | None = None,
 ) -> int:
-    """Serve until SIGTERM/SIGINT (``sandman e2b-gateway``)."""
+    """Serve until SIGTERM/SIGINT (``sandman e2b-gateway``); ``on_listening``
+    hears the addresses really bound (port 0: the kernel's pick)."""
     from sandman.serving import serve_app
 
     async with SandmanClient(
-        kubeconfig=kubeconfig, namespace=config.namespace, transport=transport
+        kubeconfig=kubeconfig, context=context, namespace=config.namespace, transport=transport
     ) as client:
         app = create_app(config, client)
-        log.info("E2B gateway on http://%s:%d for namespace %s", host, port, config.namespace)
-        return await serve_app(app, host=host, port=port)
+        log.info("E2B gateway for namespace %s", config.namespace)
+        return await serve_app(app, host=host, port=port, on_listening=on_listening)
