@@ -308,11 +308,15 @@ def check_command(cli: Cli, words: list[str], strict: bool) -> tuple[str, list[s
     """(the command's name as resolved, its flags missing from its parser)."""
     top = cli.top()
     positional = [w for w in words if not w.startswith("-") and not w.startswith("[")]
-    if not positional or positional[0] not in cli.commands:
-        if strict and positional and re.fullmatch(r"[a-z][a-z0-9-]*", positional[0]):
-            return positional[0], [f"(no command `sandman {positional[0]}`)"]
+    known = [w for w in positional if w in cli.commands]
+    if not known:
+        first = words[0] if words else ""
+        if strict and re.fullmatch(r"[a-z][a-z0-9-]*", first):
+            return first, [f"(no command `sandman {first}`)"]
         return "", []
-    name = positional[0]
+    # `kubectl sandman -n NS exec ...`: options (and their values) may come first
+    name = known[0]
+    positional = positional[positional.index(name) :]
     parser = cli.command(name)
     chain: list[argparse.ArgumentParser | set[str]] = [top, parser]
     path = [name]
@@ -523,6 +527,9 @@ def test_metric_resolution(name: str, ok: bool) -> None:
         ("eval run spec.yaml -n default -o out --resume", []),
         ("ls -o wide | grep x --color", []),  # after a pipe: another program
         ("cluster up [--real-node] [--kwok-nodes N]", []),
+        ("-n team-a exec POD -- true", []),  # kubectl's habit: options first
+        ("bench NAME --json F", []),  # a placeholder for any benchmark
+        ("fleet --k 2", ["--k"]),  # `--k` is `fleet run`'s, not `fleet`'s
     ],
 )
 def test_command_resolution(command: str, missing: list[str]) -> None:
