@@ -9,7 +9,6 @@ final pod (after every mutation); ``review`` adds the UPDATE-only rules.
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,6 +20,8 @@ from sandman.contract import (
     format_duration,
     parse_duration,
 )
+from sandman.imageref import InvalidImageRef, matching_pattern
+from sandman.imageref import parse as parse_image
 from sandman.quantity import parse_quantity
 from sandman.webhook.confinement import (
     capabilities,
@@ -42,7 +43,9 @@ from sandman.webhook.subject import Check, Subject
 
 
 def registry_allowed(image: str, patterns: tuple[str, ...]) -> bool:
-    return any(fnmatch.fnmatchcase(image, p) for p in patterns)
+    """Whether a pattern admits ``image`` as the runtime reads it (``python:3.11`` is
+    ``docker.io/library/python:3.11``); a malformed reference is admitted by none."""
+    return matching_pattern(image, patterns) is not None
 
 
 # -- one function per row of the denial table ------------------------------------
@@ -50,10 +53,25 @@ def _registry(s: Subject) -> Iterator[Violation]:
     allowed = s.rule.allowed_registries
     for c in s.containers:
         image = c.get("image", "")
-        if image not in s.trusted_images and not registry_allowed(image, allowed):
+        if image in s.trusted_images:
+            continue
+        where = f"container {c.get('name', '?')}"
+        try:
+            ref = parse_image(image)
+        except InvalidImageRef as e:
+            # Not a reference the runtime would pull, so no registry to allow.
             yield Violation(
                 "registry",
-                f"container {c.get('name', '?')}: image {image!r} is not from an allowed registry",
+                f"{where}: image {image!r} is not a valid image reference: {e}",
+                "write the image as [REGISTRY/]REPOSITORY[:TAG][@sha256:DIGEST], "
+                "e.g. docker.io/library/python:3.11",
+            )
+            continue
+        if matching_pattern(ref, allowed) is None:
+            seen = "" if ref.matchable == image else f" ({ref.matchable})"
+            yield Violation(
+                "registry",
+                f"{where}: image {image!r}{seen} is not from an allowed registry",
                 f"use an image matching one of {list(allowed)}",
             )
 

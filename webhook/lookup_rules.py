@@ -15,17 +15,15 @@ or a socket error, so that a lookup cannot read anything back from a host.
 
 from __future__ import annotations
 
-import fnmatch
-
+from sandman.imageref import InvalidImageRef, matching_pattern, pattern_host
+from sandman.imageref import parse as parse_image
 from sandman.netguard import RefusedAddress, RegistryTimeout
 from sandman.oci import (
-    DOCKER_HUB,
     BadManifest,
     ConfigTooLarge,
     ImageNotFound,
     InvalidReference,
     NoMatchingPlatform,
-    Reference,
     RegistryError,
     RegistryUnreachable,
     Unauthorized,
@@ -35,26 +33,24 @@ GLOB_CHARS = frozenset("*?[]")
 
 
 def named_host(pattern: str) -> str | None:
-    """The registry host a pattern spells out (``ghcr.io/org/*`` -> ``ghcr.io``), else None."""
+    """The registry host a pattern spells out (``ghcr.io/org/*`` -> ``ghcr.io``,
+    ``acme/*`` -> ``docker.io``, as the runtime reads it), else None."""
     host, slash, _ = pattern.partition("/")
     if not slash or not host or GLOB_CHARS & set(host):
         return None
-    host = host.lower()
-    return DOCKER_HUB if host == "index.docker.io" else host
+    return pattern_host(pattern)
 
 
 def lookup_registry(image: str, patterns: tuple[str, ...]) -> str | None:
     """The registry of ``image`` when a pattern names its host and matches the image
-    (as written, or normalised: ``ubuntu`` is ``docker.io/library/ubuntu``), else None."""
+    as the runtime reads it (``ubuntu`` is ``docker.io/library/ubuntu:latest``), else None."""
     try:
-        ref = Reference.parse(image)
-    except RegistryError:
+        ref = parse_image(image)
+    except InvalidImageRef:
         return None
     domain = ref.domain.lower()
     for p in patterns:
-        if named_host(p) != domain:
-            continue
-        if fnmatch.fnmatchcase(image, p) or fnmatch.fnmatchcase(str(ref), p):
+        if named_host(p) == domain and matching_pattern(ref, (p,)) is not None:
             return ref.domain
     return None
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandman.contract import ANN_PROFILE, POLICY_API_VERSION, annotations
+from sandman.imageref import normalize_pattern
 from sandman.webhook.policy_fields import (
     DNS_SUBDOMAIN_RE,
     LABEL_KEY_RE,
@@ -68,6 +69,12 @@ class Violation:
 
     def text(self) -> str:
         return f"[{self.rule}] {self.message}; fix: {self.fix}"
+
+
+def denial_text(violations: list[Violation], rule: RuleSet) -> str:
+    """What a denial says (the webhook's answer, and `sandman policy check --image`)."""
+    lines = "; ".join(v.text() for v in violations)
+    return f"sandman policy {rule.name!r} ({rule.mode}): {lines}"
 
 
 @dataclass(frozen=True)
@@ -147,16 +154,18 @@ DEFAULT_RULES = RuleSet(name="built-in-default")
 # -- parsing ---------------------------------------------------------------------
 def _registry_pattern(v: str, where: str) -> str:
     """``*`` or a glob whose registry host (before the first ``/``) is literal:
-    ``127.0.0.1:5000*`` would also match ``127.0.0.1:50001/...``."""
+    ``127.0.0.1:5000*`` would also match ``127.0.0.1:50001/...``. Kept in the
+    runtime's normal form (``sandman.imageref``), as images are matched:
+    ``index.docker.io/python:*`` is ``docker.io/library/python:*``."""
     host, slash, _ = v.partition("/")
     if v != "*" and (not slash or any(ch in host for ch in "*?[]")):
         raise PolicyError(
             f"{where}: {v!r} must be '*' or name a registry host then a path, "
-            "e.g. 127.0.0.1:5000/* or ghcr.io/acme/*"
+            "e.g. docker.io/*, ghcr.io/acme/* or 123456789012.dkr.ecr.us-east-1.amazonaws.com/*"
         )
     if any(ch.isspace() for ch in v):
         raise PolicyError(f"{where}: {v!r} contains white space")
-    return v
+    return normalize_pattern(v)
 
 
 def _selector(f: Fields) -> tuple[dict[str, str], tuple[tuple[str, str, tuple[str, ...]], ...]]:

@@ -27,7 +27,7 @@ from sandman.contract import (
 )
 from sandman.webhook.checks import check
 from sandman.webhook.mutate import InjectionSettings, MutationError, mutate, node_release_path
-from sandman.webhook.policy import Policy, RuleSet, Violation, profile_of
+from sandman.webhook.policy import Policy, RuleSet, Violation, denial_text, profile_of
 from sandman.webhook.rewrite import ImageFacts
 from sandman.webhook.updates import HARD_RULES, update_violations
 
@@ -178,8 +178,7 @@ def decide_mutation(ctx: Context, r: Review) -> Outcome:
 
 
 def _denial(violations: list[Violation], rule: RuleSet) -> str:
-    lines = "; ".join(v.text() for v in violations)
-    return f"sandman policy {rule.name!r} ({rule.mode}): {lines}"
+    return denial_text(violations, rule)
 
 
 def decide_validation(ctx: Context, r: Review) -> Outcome:

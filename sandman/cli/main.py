@@ -40,6 +40,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "install": ("sandman.install.cli", "install Sandman on a cluster (kustomize overlay, applied)"),
     "uninstall": ("sandman.install.cli", "remove Sandman (webhook configurations first)"),
+    "policy": ("sandman.cli.policy", "check a sandbox policy file offline, as the webhook would"),
     "cluster": ("sandman.harness.cli.cluster", "the local cluster (dev harness)"),
     "image": ("sandman.harness.cli.image", "build and push Sandman's images (no Docker needed)"),
     "demo": ("sandman.harness.cli.demo", "run a demo batch of sandboxes on the local cluster"),

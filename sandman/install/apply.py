@@ -70,6 +70,8 @@ def write_overlay(dest: Path, opts: render.InstallOptions, *, force: bool = Fals
     shutil.rmtree(copy, ignore_errors=True)
     tmp.rename(copy)
     body = yaml.safe_dump(render.kustomization(opts, __version__), sort_keys=False)
+    for name, text in render.files(opts).items():  # the policy patch
+        (dest / name).write_text(text)
     kfile.write_text(render.header(opts, __version__) + body)
     return dest
 

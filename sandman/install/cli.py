@@ -1,12 +1,19 @@
 """`sandman install` / `sandman uninstall`: Sandman on an existing cluster.
 
-    sandman install --registry ghcr.io/myorg            # write ./sandman-overlay, apply, wait
-    sandman install --registry R --dry-run=client -o yaml   # print what would be applied
+    sandman install --registry ghcr.io/myorg --allow-registry 'docker.io/*'
+                                      # write ./sandman-overlay, apply, wait
+    sandman install --registry R --policy my-policy.yaml --dry-run=client -o yaml
+                                      # print what would be applied
     kubectl apply --server-side -k ./sandman-overlay    # the same, by hand or GitOps
     sandman uninstall                                   # webhook configurations first
 
 The images must be in the registry already: `sandman image push --registry R`
 from a checkout (same version by default), or a published release.
+
+Sandboxes may run images only from the registries the policy allows, and
+the install makes you choose them: --allow-registry GLOB (repeatable) or
+--policy FILE (docs/policy.md). A policy that admits nothing outside the
+local harness's 127.0.0.1:5000 is refused unless --local-harness.
 """
 
 from __future__ import annotations
@@ -18,8 +25,10 @@ import tempfile
 from pathlib import Path
 
 from sandman import __version__
+from sandman.cli.policy import LOCAL_HARNESS_HELP
 from sandman.install import apply as ap
 from sandman.install import kubeversion, render
+from sandman.install import policy as install_policy
 from sandman.install.images import ImageNameError, Registry
 
 DEFAULT_OVERLAY = Path("sandman-overlay")
@@ -74,6 +83,23 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         f"sandman-scheduler, kube-scheduler {'.'.join(map(str, kubeversion.SCHEDULER_MINOR))}",
     )
     p.add_argument(
+        "--allow-registry",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="sandboxes may run images matching GLOB, as the runtime names them "
+        "(docker.io/*, ghcr.io/ORG/*, ACCOUNT.dkr.ecr.REGION.amazonaws.com/*); repeatable; "
+        "the release's policy with these registries",
+    )
+    p.add_argument(
+        "--policy",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="install this SandboxPolicy (or ConfigMap manifest holding one) instead",
+    )
+    p.add_argument("--local-harness", action="store_true", help=LOCAL_HARNESS_HELP)
+    p.add_argument(
         "--overlay-dir",
         type=Path,
         default=None,
@@ -123,7 +149,15 @@ def _kubectl(args: argparse.Namespace) -> ap.Kubectl:
 
 def cmd_install(args: argparse.Namespace) -> int:
     try:
+        chosen = install_policy.choose(
+            args.allow_registry, args.policy, local_harness=args.local_harness
+        )
+    except install_policy.PolicyChoiceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
         opts = render.InstallOptions(
+            policy=chosen.text,
             version=args.version,
             registry=Registry.parse(args.registry) if args.registry else None,
             cert_manager=args.cert_manager,
@@ -163,6 +197,8 @@ def cmd_install(args: argparse.Namespace) -> int:
         ap.write_overlay(overlay, opts, force=args.force)
         rendered = ap.render_overlay(kubectl, overlay)
         docs = ap.documents(rendered)
+        for line in chosen.lines:  # what the webhook will apply: mode, registries
+            print(line, file=sys.stderr)
         if args.dry_run == "client":
             if args.output == "yaml":
                 print(rendered, end="")

@@ -48,6 +48,11 @@ def bare() -> Iterator[LocalCluster]:
         cluster.down(purge=True)
 
 
+# The admin chooses the registries sandboxes pull from (the release's policy
+# admits only the local harness's registry).
+INSTALL = ("install", "--registry=127.0.0.1:5000/team", "--allow-registry=ghcr.io/acme/*")
+
+
 def sandman(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "sandman.cli.main", *args,
@@ -70,17 +75,23 @@ def test_install_then_uninstall_webhooks_first(bare: LocalCluster, tmp_path: Pat
     core = CoreV1Api(api_client(bare.kubeconfig))
     adm = AdmissionregistrationV1Api(api_client(bare.kubeconfig))
     overlay = tmp_path / "ov"
-    dry = sandman(bare, "install", "--registry=127.0.0.1:5000/team", "--dry-run=client",
+    dry = sandman(bare, *INSTALL, "--dry-run=client",
                   "-o", "yaml")  # fmt: skip
     assert dry.returncode == 0, dry.stderr
     assert "image: 127.0.0.1:5000/team/sandman-controller:0.1.0" in dry.stdout
     with pytest.raises(ApiException):  # nothing was applied by the dry run
         core.read_namespace(NAMESPACE)
 
-    got = sandman(bare, "install", "--registry=127.0.0.1:5000/team", f"--overlay-dir={overlay}",
+    got = sandman(bare, *INSTALL, f"--overlay-dir={overlay}",
                   "--no-wait")  # fmt: skip
     assert got.returncode == 0, got.stderr
     assert (overlay / "manifests" / "default" / "kustomization.yaml").exists()
+    # It says, and installs, the policy it was given.
+    assert "rule set 'default' (enforce) for every namespace: registries ghcr.io/acme/*" in (
+        got.stderr
+    )
+    policy = core.read_namespaced_config_map("sandman-policy", NAMESPACE).data["policy.yaml"]
+    assert "allowedRegistries: [ghcr.io/acme/*]" in policy, policy
     dep = AppsV1Api(api_client(bare.kubeconfig)).read_namespaced_deployment(
         "sandman-webhook", NAMESPACE
     )
@@ -102,13 +113,13 @@ def test_install_then_uninstall_webhooks_first(bare: LocalCluster, tmp_path: Pat
     # An admin edits the policy live; a re-install refuses to undo it silently.
     edited = "apiVersion: sandman.dev/v1alpha1\nkind: SandboxPolicy\nrules: []\n"
     core.patch_namespaced_config_map("sandman-policy", NAMESPACE, {"data": {"policy.yaml": edited}})
-    again = sandman(bare, "install", "--registry=127.0.0.1:5000/team", f"--overlay-dir={overlay}",
+    again = sandman(bare, *INSTALL, f"--overlay-dir={overlay}",
                     "--no-wait")  # fmt: skip
     assert again.returncode == 1 and "--force-conflicts" in again.stderr, again.stderr
     assert (
         core.read_namespaced_config_map("sandman-policy", NAMESPACE).data["policy.yaml"] == edited
     )
-    forced = sandman(bare, "install", "--registry=127.0.0.1:5000/team", f"--overlay-dir={overlay}",
+    forced = sandman(bare, *INSTALL, f"--overlay-dir={overlay}",
                      "--no-wait", "--force-conflicts")  # fmt: skip
     assert forced.returncode == 0, forced.stderr
     assert (

@@ -15,7 +15,8 @@ def test_without_kubectl_nothing_is_written_and_the_error_says_so(
 ) -> None:
     overlay = tmp_path / "overlay"
     missing = str(tmp_path / "no-kubectl-here")
-    argv = ["install", "--registry", "ghcr.io/acme", f"--dry-run={dry_run}"]
+    argv = ["install", "--registry", "ghcr.io/acme", "--allow-registry", "docker.io/*"]
+    argv.append(f"--dry-run={dry_run}")
     argv += ["--kubectl", missing, "--overlay-dir", str(overlay)]
     assert main(argv) == 1
     err = capsys.readouterr().err
