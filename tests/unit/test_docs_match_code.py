@@ -406,13 +406,17 @@ def test_every_flag_in_a_documented_sandman_command_exists() -> None:
 
 def test_every_flag_in_a_flag_table_exists() -> None:
     """Tables whose first column heads "flag": each `--flag` in that column is
-    an option of the command the doc last showed (any of its subcommands)."""
+    an option of the command the section last showed (any of its
+    subcommands), or of some command if the section showed none; so is a flag
+    that heads a table's first column."""
     cli = Cli()
     missing = []
     for path in doc_files():
         context: str | None = None
         in_table = False
         for line in joined(doc_lines(path)):
+            if line.fence is None and HEADING.match(line.text):
+                context = None  # a new section: its own commands
             for text, _strict in commands_in(line):
                 words = command_words(text)
                 if words and words[0] in cli.commands:
@@ -423,9 +427,13 @@ def test_every_flag_in_a_flag_table_exists() -> None:
             if not line.text.lstrip().startswith("|"):
                 in_table = False
                 continue
-            if not in_table:
+            header = not in_table
+            if header:
+                # a table of flags, or one whose first column heads with a
+                # flag (`--delivery` | what sandboxes get): that flag is checked
                 in_table = cells[0].lower() in ("flag", "flags", "option", "options")
-                continue
+                if in_table or not re.fullmatch(r"`--?[A-Za-z][\w-]*`", cells[0]):
+                    continue
             opts = (
                 cli.all_options(cli.command(context))
                 if context
