@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from sandman.cli import durations
+from sandman.cli.common import UsageError
 from sandman.cli.sandboxes import default_namespace
 from sandman.client import Sandbox, SandmanClient
 from sandman.fleet.fleet import Fleet, FleetConfig, Problem
@@ -121,12 +122,12 @@ def problems_of(args: argparse.Namespace) -> list[Problem]:
                 doc = json.loads(line)
                 out.append(Problem(str(doc["id"]), str(doc.get("image") or args.image), doc))
             except (ValueError, KeyError, TypeError) as e:
-                raise SystemExit(f"sandman fleet run: {args.problems_file}:{n}: {e}") from None
+                raise UsageError(f"fleet run: {args.problems_file}:{n}: {e}") from None
         if any(p.image in ("", "None") for p in out):
-            raise SystemExit("sandman fleet run: a problem has no image (give IMAGE or 'image')")
+            raise UsageError("fleet run: a problem has no image (give IMAGE or 'image')")
         return out
     if not args.image:
-        raise SystemExit("sandman fleet run: give IMAGE or --problems-file")
+        raise UsageError("fleet run: give IMAGE or --problems-file")
     return [Problem(f"p{i}", args.image) for i in range(args.problems)]
 
 
@@ -135,14 +136,14 @@ def _pairs(items: list[str]) -> dict[str, str] | None:
     for item in items:
         k, sep, v = item.partition("=")
         if not sep or not k:
-            raise SystemExit(f"sandman fleet run: --node-selector wants K=V, got {item!r}")
+            raise UsageError(f"fleet run: --node-selector wants K=V, got {item!r}")
         out[k] = v
     return out or None
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     if not args.command:
-        raise SystemExit("sandman fleet run: give the rollout's command after `--`")
+        raise UsageError("fleet run: give the rollout's command after `--`")
     problems = problems_of(args)
     config = FleetConfig(
         strategy=args.strategy, concurrency=args.concurrency, window=args.window,

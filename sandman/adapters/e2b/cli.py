@@ -11,6 +11,7 @@ from pathlib import Path
 
 from sandman.adapters.e2b.gateway import MAX_UPLOAD_BYTES, GatewayConfig, run_gateway
 from sandman.cli import durations
+from sandman.cli.common import CliError, UsageError
 from sandman.kube_async import load_credentials
 from sandman.serving import add_listen_flag
 
@@ -74,7 +75,7 @@ def _pairs(values: list[str], flag: str) -> dict[str, str]:
     for v in values:
         key, sep, value = v.partition("=")
         if not sep or not key or not value:
-            raise SystemExit(f"sandman e2b-gateway: {flag} wants KEY=VALUE, got {v!r}")
+            raise UsageError(f"e2b-gateway: {flag} wants KEY=VALUE, got {v!r}")
         out[key] = value
     return out
 
@@ -84,7 +85,7 @@ def _api_key(path: Path | None) -> tuple[str, bool]:
     if path is not None:
         key = path.read_text().strip()
         if not key:
-            raise SystemExit(f"sandman e2b-gateway: {path} is empty")
+            raise CliError(f"e2b-gateway: {path} is empty")
         return key, False
     if os.environ.get(KEY_ENV):
         return os.environ[KEY_ENV], False

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from sandman.cli.common import UsageError
 from sandman.cli.fleet import problems_of, result_line
 from sandman.cli.main import main
 from sandman.fleet.records import Attempt, Outcome, RolloutRecord, RunData, SandboxSpan, Source
@@ -34,7 +35,7 @@ def test_problems_from_a_count_or_a_file(tmp_path: Path) -> None:
     ns = argparse.Namespace(image="img:1", problems=1, problems_file=f)
     assert [(p.id, p.image) for p in problems_of(ns)] == [("a", "x:1"), ("b", "img:1")]
     f.write_text('{"image": "x:1"}\n')
-    with pytest.raises(SystemExit, match=r"problems\.jsonl:1"):
+    with pytest.raises(UsageError, match=r"problems\.jsonl:1"):
         problems_of(ns)
 
 
@@ -61,6 +62,6 @@ def test_report_re_renders_a_saved_run(tmp_path: Path, capsys: pytest.CaptureFix
     assert main(["fleet", "report", str(tmp_path / "bad.json")]) == 1
 
 
-def test_run_needs_a_command() -> None:
-    with pytest.raises(SystemExit, match="after `--`"):
-        main(["fleet", "run", "img:1"])
+def test_run_needs_a_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["fleet", "run", "img:1"]) == 2  # a usage error, not Sandman's 125
+    assert "after `--`" in capsys.readouterr().err
