@@ -227,7 +227,19 @@ def default_namespace(kubeconfig: str | None, context: str | None = None) -> str
 
 
 def run_sandbox_command(args: argparse.Namespace) -> int:
+    check_args(args)  # usage errors before any connection is made
     return common.run(args, args.sandbox_cmd)
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """What argparse cannot check: UsageError (exit code 2), nothing sent anywhere."""
+    if args.sandbox_cmd is cmd_run:
+        args.image, args.name = run_target(args.target, args.image, args.name)
+    elif args.sandbox_cmd is cmd_exec:
+        if not args.command:
+            raise UsageError("give a command after --, e.g. `sandman exec POD -- ls -l`")
+        if args.detach and (args.stdin or args.tty):
+            raise UsageError("-d does not go with -i or -t (a detached process has no stdin here)")
 
 
 def _progress(msg: str) -> None:
@@ -331,7 +343,6 @@ def last_lines(data: bytes, n: int) -> bytes:
 
 
 async def cmd_run(args: argparse.Namespace, client: SandmanClient) -> int:
-    args.image, args.name = run_target(args.target, args.image, args.name)
     env = _pairs(args.env, "--env")
     resources = {}
     if args.cpu or args.memory:
@@ -366,12 +377,8 @@ async def cmd_run(args: argparse.Namespace, client: SandmanClient) -> int:
 
 async def cmd_exec(args: argparse.Namespace, client: SandmanClient) -> int:
     command = args.command
-    if not command:
-        raise CliError("give a command after --, e.g. `sandman exec POD -- ls -l`")
     env = _pairs(args.env, "--env") or None
     interactive, warning = exec_mode(args.tty, args.stdin, sys.stdin.isatty())
-    if args.detach and (args.stdin or args.tty):
-        raise UsageError("-d does not go with -i or -t (a detached process has no stdin here)")
     sb = await attach(client, args.pod)
     exec_container(sb.pod, args.container)
     if warning:

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from sandman.cli.common import EXIT_USAGE, CliError, UsageError, explain
-from sandman.cli.main import build_parser
+from sandman.cli.main import build_parser, main
 from sandman.cli.sandboxes import exec_container, exec_mode, last_lines, run_target
 
 
@@ -87,3 +89,27 @@ def test_logs_tail_and_follow() -> None:
     assert last_lines(b"1\n2\n", 5) == b"1\n2\n"
     assert last_lines(b"1\n2\n", 0) == b""
     assert last_lines(b"1\n2\n", -1) == b"1\n2\n"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["exec", "sb-1"], "give a command after --"),
+        (["exec", "-d", "-i", "sb-1", "--", "cat"], "-d does not go with -i or -t"),
+        (["exec", "-d", "-t", "sb-1", "--", "cat"], "-d does not go with -i or -t"),
+        (["run"], "give the image"),
+        (["run", "web", "--image=x:1", "--name=other"], "the name is given twice"),
+    ],
+)
+def test_usage_errors_are_2_before_any_connection(
+    argv: list[str],
+    message: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # No kubeconfig at all: a usage error is found before one is needed.
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "nothing"))
+    assert main(argv) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert message in err and "kubeconfig" not in err
