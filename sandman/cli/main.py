@@ -74,7 +74,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         module = _import(COMMANDS[command][0])
         before = set(sub.choices)
         register = getattr(module, "add_parsers", None) or module.add_parser
-        register(sub)
+        try:
+            register(sub)  # some import their subcommands' modules here (`bench`)
+        except ImportError as e:
+            raise SystemExit(missing_module_advice(COMMANDS[command][0], e.name)) from None
         registered = set(sub.choices) - before
     for name, (_module, help_text) in COMMANDS.items():
         if name not in registered:
@@ -175,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except ModuleNotFoundError as e:  # a dependency imported only when the command runs
+        raise SystemExit(missing_module_advice(COMMANDS[args.cmd][0], e.name)) from None
     except Exception as e:
         # One line and Sandman's exit code for every failure that is not a bug
         # (no kubeconfig, no apiserver, a refusal, an answer that is not JSON);

@@ -141,3 +141,35 @@ def test_missing_module_advice(missing: str, says: str, never: str) -> None:
     text = missing_module_advice("sandman.harness.cli.image", missing)
     assert says in text
     assert never not in text
+
+
+FAKE_COMMAND = """
+def add_parser(sub):
+    p = sub.add_parser("{name}")
+    p.set_defaults(func=run)
+    if {at_register}:
+        raise ModuleNotFoundError("No module named 'gymnasium'", name="gymnasium")
+
+
+def run(args):
+    raise ModuleNotFoundError("No module named 'matplotlib'", name="matplotlib")
+"""
+
+
+@pytest.mark.parametrize(("at_register", "extra"), [(True, "gym"), (False, "plot")])
+def test_a_dependency_missing_later_gets_the_same_advice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, at_register: bool, extra: str
+) -> None:
+    """`sandman bench` imports its benchmarks while it registers them, and a
+    command may import a dependency only when it runs: both get the advice."""
+    from sandman.cli import main as cli_main
+
+    module = f"h1_fake_command_{extra}"
+    (tmp_path / f"{module}.py").write_text(
+        FAKE_COMMAND.format(name="fake", at_register=at_register)
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(cli_main.COMMANDS, "fake", (module, "a test command"))
+    with pytest.raises(SystemExit) as e:
+        cli_main.main(["fake"])
+    assert f"pip install 'sandman-k8s[{extra}]'" in str(e.value.code)
