@@ -10,11 +10,14 @@ renders nothing for it):
     ```
 
 Options go inside the comment: ``<!-- runnable timeout=300 -->`` gives the
-block that many seconds (default ``DEFAULT_TIMEOUT_S``). ``python`` blocks run
+block that many seconds (default ``DEFAULT_TIMEOUT_S``); ``role=edit`` binds
+that ClusterRole too, for a block written for an operator (warm pools are
+ReplicaSets, which sandman-user does not create). ``python`` blocks run
 as a script under this checkout's Python, ``sh``/``bash`` blocks under
 ``bash -eo pipefail``, each in a fresh temporary directory. Every marked
 block of README.md and docs/*.md runs here, in a fresh namespace, as a
-ServiceAccount bound to sandman-user there (tests/kube_users.py): its
+ServiceAccount bound to sandman-user there (and nothing else
+unless ``role=`` says so) (tests/kube_users.py): its
 kubeconfig is ``$KUBECONFIG``, with the namespace in its context, so a block
 names no namespace. ``sandman``, ``kubectl`` and ``kubectl-sandman`` are on
 ``PATH``.
@@ -37,10 +40,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from kubernetes.client import CoreV1Api
+from kubernetes.client import CoreV1Api, RbacAuthorizationV1Api
 
 from sandman.harness.cluster.local import LocalCluster
 from sandman.harness.cluster.node import RealNode
+from sandman.harness.kube import api_client
 from tests.kube_users import make_user
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,6 +54,7 @@ FENCE = re.compile(r"^```(?P<lang>\w+)?\s*$")
 LANGS = {"python": "python", "py": "python", "sh": "sh", "bash": "sh", "console": None}
 IMAGE_REF = re.compile(r"127\.0\.0\.1:5000/sandman/(?P<name>[a-z0-9-]+):1\b")
 DEFAULT_TIMEOUT_S = 240.0
+SA = "trainer"
 
 
 @dataclass(frozen=True)
@@ -59,20 +64,27 @@ class Block:
     lang: str  # python | sh
     code: str
     timeout_s: float
+    roles: tuple[str, ...] = ()  # ClusterRoles bound besides sandman-user
 
     @property
     def where(self) -> str:
         return f"{self.path.relative_to(REPO)}:{self.line}"
 
 
-def parse_options(opts: str, where: str) -> float:
-    timeout = DEFAULT_TIMEOUT_S
+def parse_options(opts: str, where: str) -> tuple[float, tuple[str, ...]]:
+    """``timeout=SECONDS`` and ``role=CLUSTERROLE`` (repeatable)."""
+    timeout, roles = DEFAULT_TIMEOUT_S, []
     for word in opts.split():
         key, _, value = word.partition("=")
-        if key != "timeout" or not value.replace(".", "", 1).isdigit():
-            raise ValueError(f"{where}: unknown runnable option {word!r} (timeout=SECONDS)")
-        timeout = float(value)
-    return timeout
+        if key == "timeout" and value.replace(".", "", 1).isdigit():
+            timeout = float(value)
+        elif key == "role" and re.fullmatch(r"[a-z0-9:-]+", value):
+            roles.append(value)
+        else:
+            raise ValueError(
+                f"{where}: unknown runnable option {word!r} (timeout=SECONDS, role=NAME)"
+            )
+    return timeout, tuple(roles)
 
 
 def extract(path: Path) -> list[Block]:
@@ -93,7 +105,8 @@ def extract(path: Path) -> list[Block]:
         if end is None:
             raise ValueError(f"{where}: the block never ends")
         code = "\n".join(lines[i + 2 : end]) + "\n"
-        blocks.append(Block(path, i + 2, lang, code, parse_options(m.group("opts"), where)))
+        timeout, roles = parse_options(m.group("opts"), where)
+        blocks.append(Block(path, i + 2, lang, code, timeout, roles))
     return blocks
 
 
@@ -127,7 +140,17 @@ def test_block_runs(
     namespace: str,
     tmp_path: Path,
 ) -> None:
-    user = make_user(cluster, core, namespace, tmp_path / "user")
+    user = make_user(cluster, core, namespace, tmp_path / "user", sa=SA)
+    for role in block.roles:
+        RbacAuthorizationV1Api(api_client(cluster.kubeconfig)).create_namespaced_role_binding(
+            namespace,
+            {
+                "metadata": {"name": f"{SA}-{role}"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                            "name": role},
+                "subjects": [{"kind": "ServiceAccount", "name": SA, "namespace": namespace}],
+            },
+        )  # fmt: skip
     work = tmp_path / "work"
     work.mkdir()
     code = substitute(block.code, images)
@@ -155,6 +178,7 @@ def test_block_runs(
             f"--- stdout\n{_text(e.stdout)}\n--- stderr\n{_text(e.stderr)}",
             pytrace=False,
         )
+    print(f"{block.where}:\n{out.stdout}{out.stderr}")  # shown with -rP
     if out.returncode != 0:
         pytest.fail(
             f"{block.where}: exit {out.returncode}\n--- block\n{code}"
