@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,6 +44,7 @@ REPO = Path(__file__).resolve().parents[2]
 # The user's Python: Debian's python3.11, which the image builds copy from.
 PYTHON = Path("/usr/bin/python3.11")
 VENVS = default_cache_dir() / "wheel-venvs"
+STALE_S = 86400.0
 USER, PASSWORD = "platform", "pushing-is-a-privilege"
 PREFIX = "acme/sandman"
 
@@ -72,8 +74,9 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with open(VENVS / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another session may be building it
         if not (venv / ".complete").exists():
+            # Venvs of older trees, unless one may still be in use (a day).
             for old in VENVS.iterdir():
-                if old.is_dir():
+                if old.is_dir() and time.time() - old.stat().st_mtime > STALE_S:
                     shutil.rmtree(old, ignore_errors=True)
             subprocess.run([str(PYTHON), "-m", "venv", str(venv)], check=True)
             subprocess.run(
