@@ -9,7 +9,7 @@
     │                           ``status``, ``reason``, ``body`` (also an ApiError)
     ├── WaitTimeout             a wait the caller bounded ran out (also a TimeoutError)
     ├── TransportError          the daemon or the apiserver could not be reached, or
-    │                           the connection broke off (retryable)
+    │                           the connection broke off (retryable; also a ConnectionError)
     └── DaemonError             the daemon answered 4xx/5xx; ``status``, ``code``
         ├── Unauthorized        wrong or missing token (401)
         ├── StreamAborted       the daemon cut a stream it had begun (a tar whose
@@ -34,7 +34,8 @@ Errors of the libraries underneath (aiohttp's connection errors, asyncio's
 timeouts, the apiserver's refusals) are translated where the SDK calls them
 (``sandman.client.edges``), the original chained as ``__cause__``. The two
 that other code already catches stay catchable as before: KubernetesError is
-an ``ApiError`` and ConfigError a ``KubeconfigError``.
+an ``ApiError``, ConfigError a ``KubeconfigError``, TransportError a
+``ConnectionError`` (an OSError, as aiohttp's connection errors are).
 """
 
 from __future__ import annotations
@@ -101,7 +102,13 @@ class WaitTimeout(SandmanError, TimeoutError):
     before its condition held. Also a TimeoutError."""
 
 
-class TransportError(SandmanError):
+class TransportError(SandmanError, ConnectionError):
+    """The daemon or the apiserver could not be reached, the connection broke
+    off, or an answer was cut short or never came: try again (another
+    sandbox, if it keeps failing). Also a ConnectionError, so code that
+    caught the connection errors of the libraries underneath (OSError)
+    still catches it."""
+
     retryable = True
 
 

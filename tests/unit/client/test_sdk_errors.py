@@ -93,6 +93,8 @@ def test_the_translated_errors_stay_catchable_as_before() -> None:
     assert issubclass(KubernetesError, ApiError)
     assert issubclass(ConfigError, KubeconfigError)
     assert issubclass(WaitTimeout, TimeoutError)
+    assert issubclass(TransportError, ConnectionError)  # callers that caught OSError
+    assert str(TransportError("no route")) == "no route"
     e = KubernetesError(403, {"message": "pods is forbidden", "reason": "Forbidden"})
     assert (e.status, e.reason, e.retryable) == (403, "Forbidden", False)
 
