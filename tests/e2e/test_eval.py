@@ -87,9 +87,14 @@ def spec_text(images: dict[str, str]) -> str:
 
 @contextmanager
 def eval_policy(
-    cluster: LocalCluster, core: CoreV1Api, namespace: str, image: str
+    cluster: LocalCluster,
+    core: CoreV1Api,
+    namespace: str,
+    image: str,
+    eval_profile: dict[str, Any] | None = None,
 ) -> Iterator[None]:
-    """A rule for the test's namespace whose eval profile selects the real node."""
+    """A rule for the test's namespace whose eval profile selects the real node
+    (``eval_profile``: that profile instead)."""
     handle = cluster.deployment.policy  # type: ignore[union-attr]
     original = handle.read()
     doc = yaml.safe_load(original)
@@ -99,6 +104,9 @@ def eval_policy(
     rule["name"] = RULE
     rule["namespaceSelector"] = {"matchLabels": {POLICY_LABEL: "eval"}}
     rule.setdefault("profiles", {}).setdefault("eval", {})["nodeSelector"] = DEDICATED
+    if eval_profile is not None:
+        rule["profiles"]["eval"] = eval_profile
+    want = (eval_profile or {}).get("tolerations") or []
     doc["rules"] = [rule, *[r for r in rules if r.get("name") != RULE]]
     handle.write(yaml.safe_dump(doc, sort_keys=False))
     core.patch_namespace(namespace, {"metadata": {"labels": {POLICY_LABEL: "eval"}}})
@@ -115,10 +123,12 @@ def eval_policy(
                                                  _preload_content=False))  # fmt: skip
         except ApiException:
             return False
+        if eval_profile is not None:
+            return all(t in (got["spec"].get("tolerations") or []) for t in want)
         return got["spec"].get("nodeSelector") == DEDICATED
 
     try:
-        wait_for(selected, timeout=60, what="eval sandboxes admitted with the dedicated selector")
+        wait_for(selected, timeout=60, what="eval sandboxes admitted with the rule's eval profile")
         yield
     finally:
         handle.write(original)
@@ -254,3 +264,55 @@ async def test_eval_run_scores_exactly_retries_infrastructure_and_repeats(
     assert outcomes(read_records(second)) == EXPECTED
     same = compare(read_records(first.root), read_records(second))
     assert same["changed"] == [] and same["paired"] == 9 and same["p_value"] == 1.0
+
+
+def shipped_eval_profile() -> dict[str, Any]:
+    doc = yaml.safe_load((ROOT / "manifests" / "webhook" / "policy.yaml").read_text())
+    rules = yaml.safe_load(doc["data"]["policy.yaml"])["rules"]
+    base = next((r for r in rules if "namespaceSelector" not in r), rules[-1])
+    return dict(base["profiles"]["eval"])
+
+
+async def test_a_fresh_install_scores_on_shared_nodes_and_records_it(
+    cluster: LocalCluster,
+    core: CoreV1Api,
+    real_node: RealNode,
+    namespace: str,
+    images: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    """The shipped eval profile, no node labelled sandman.dev/dedicated=eval:
+    the tasks are scored on the (shared) real node, and the run says so."""
+    tiny = {"image": images["tiny"], "workdir": "/", "network": True,
+            "resources": {"cpu": "100m", "memory": "64Mi"}}  # fmt: skip
+    text = yaml.safe_dump({"name": "fresh", "tasks": [
+        {"id": "answer", **tiny, "apply": {"command": "echo 42 > /tmp/answer"},
+         "test": {"command": 'test "$(cat /tmp/answer)" = 42'}},
+        {"id": "wrong", **tiny, "test": {"command": "false"}},
+    ]})  # fmt: skip
+    spec = parse_spec(text.encode(), name="fresh", jsonl=False)
+    out = ResultsDir(tmp_path / "fresh")
+    with eval_policy(cluster, core, namespace, images["tiny"], shipped_eval_profile()):
+        async with (
+            SandmanClient(kubeconfig=cluster.kubeconfig, namespace=namespace) as client,
+            RegistryClient() as rc,
+        ):
+            result = await EvalRun(
+                client, spec, out, Options(namespace=namespace), registry=rc
+            ).run()
+    assert outcomes(result.records) == {
+        "answer": ("pass", "exit_code_zero"),
+        "wrong": ("fail", "exit_code"),
+    }, result.text
+    why = "no node is labelled sandman.dev/dedicated=eval (dedicated to profile 'eval')"
+    for r in result.records:
+        c = r["conditions"]
+        assert c["node"] == real_node.node.name and c["dedicated_node"] is False, c
+        assert c["placement"] == "shared" and c["placement_reason"] == why
+    placement = out.load_run()["placement"]
+    assert placement["dedicated_nodes"] is False and placement["pinned"] == {}
+    assert (
+        f"kubectl label node {real_node.node.name} sandman.dev/dedicated=eval" in (placement["fix"])
+    )
+    assert result.summary["conditions"]["on_shared"] == 2
+    assert f"dedicated nodes: no: 2 of 2 tasks ran on shared nodes ({why})" in result.text
