@@ -24,6 +24,7 @@ from sandman.harness.images.daemon_binary import DaemonBuildError
 from sandman.harness.images.debs import DebError
 from sandman.harness.images.oci import Image, ImageIndex
 from sandman.harness.images.platforms import Arch, UnknownArch, parse_arches
+from sandman.harness.images.platforms import host as host_arch
 from sandman.harness.images.push import PushError, PushOptions, export_archive
 from sandman.harness.images.push import push as push_image
 from sandman.harness.images.pybase import PyBaseError
@@ -144,13 +145,18 @@ def _summary(image: Image | ImageIndex) -> str:
     return f"{image.blob.digest}  (index: {per_arch})"
 
 
-def _lacking(command: str, names: list[str], version: str | None) -> str | None:
+def _lacking(args: argparse.Namespace, command: str, names: list[str]) -> str | None:
     """What this machine lacks for the command, checked before anything is built."""
-    return needs.check(command, names, version or os.environ.get("SANDMAN_VERSION"))
+    try:
+        foreign = any(a != host_arch() for a in parse_arches(args.arch))
+    except UnknownArch:
+        foreign = False  # said by _arches, in the command's own words
+    version = args.version or os.environ.get("SANDMAN_VERSION")
+    return needs.check(command, names, version, foreign)
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    lacking = _lacking("build", args.names, args.version)
+    lacking = _lacking(args, "build", args.names)
     if lacking:
         return _err(lacking)
     builder = ImageBuilder(ClusterConfig().cache_dir)
@@ -217,7 +223,7 @@ def _names(args: argparse.Namespace) -> list[str]:
 def cmd_push(args: argparse.Namespace) -> int:
     builder = ImageBuilder(ClusterConfig().cache_dir)
     try:
-        lacking = _lacking("push", _names(args), args.version)
+        lacking = _lacking(args, "push", _names(args))
         if lacking:
             return _err(lacking)
         opts = PushOptions(
@@ -245,7 +251,7 @@ def cmd_push(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     builder = ImageBuilder(ClusterConfig().cache_dir)
     try:
-        lacking = _lacking("export", _names(args), args.version)
+        lacking = _lacking(args, "export", _names(args))
         if lacking:
             return _err(lacking)
         arches = _arches(args)

@@ -104,23 +104,50 @@ IMAGE_NEEDS: dict[str, tuple[Need, ...]] = {
 }
 
 
-def image_needs(names: Iterable[str], version: str | None = None) -> list[Need]:
+# Components for another architecture (`--arch`): Debian's packages for it,
+# fetched from deb.debian.org and checked against Debian's keyring, unpacked
+# with dpkg-deb (debs.py); its Go binaries are cross-compiled (Go as above).
+FOREIGN_NEEDS = (
+    Need(
+        "gpgv",
+        "apt-get install gpgv",
+        "checks the signature of Debian's package indexes for the other architecture",
+    ),
+    Need(
+        "/usr/share/keyrings/debian-archive-keyring.gpg",
+        "apt-get install debian-archive-keyring",
+        "the keys gpgv checks Debian's indexes with",
+    ),
+    Need(
+        "dpkg-deb",
+        "build on Debian 12 (bookworm) or a derivative",
+        "unpacks Debian's packages for the other architecture",
+    ),
+)
+
+
+def image_needs(
+    names: Iterable[str], version: str | None = None, foreign: bool = False
+) -> list[Need]:
     """What building ``names`` needs. ``version`` ``dev`` hashes every component's
-    layers (components.dev_version), so it needs what all of them need."""
+    layers (components.dev_version), so it needs what all of them need;
+    ``foreign``: some component is built for an architecture not this machine's."""
     wanted = list(names)
     if version == "dev":
         wanted += list(COMPONENTS)
     out: list[Need] = []
-    for name in wanted:
-        for need in IMAGE_NEEDS.get(name, ()):
-            if need not in out:
-                out.append(need)
+    extra = FOREIGN_NEEDS if foreign and any(n in COMPONENTS for n in wanted) else ()
+    for need in (*(x for name in wanted for x in IMAGE_NEEDS.get(name, ())), *extra):
+        if need not in out:
+            out.append(need)
     return out
 
 
-def command_needs(command: str, names: Iterable[str], version: str | None = None) -> list[Need]:
+def command_needs(
+    command: str, names: Iterable[str], version: str | None = None, foreign: bool = False
+) -> list[Need]:
     """``build``: the images' needs; ``push`` and ``export`` add skopeo."""
-    needs = image_needs(names, version)
+    needs = image_needs(names, version, foreign)
     if command in ("push", "export"):
         needs.append(SKOPEO)
     return needs
@@ -181,8 +208,10 @@ def report(command: str, absent: Sequence[Need]) -> str:
     return "\n".join(lines)
 
 
-def check(command: str, names: Iterable[str], version: str | None = None) -> str | None:
+def check(
+    command: str, names: Iterable[str], version: str | None = None, foreign: bool = False
+) -> str | None:
     """None if ``sandman image COMMAND NAMES`` has what it needs, else the error."""
-    needs = command_needs(command, names, version)
+    needs = command_needs(command, names, version, foreign)
     absent = missing(needs, probe(needs))
     return report(command, absent) if absent else None

@@ -79,3 +79,11 @@ def test_the_probe_answers_for_this_machine(tmp_path) -> None:  # type: ignore[n
     assert present(n.Need("py:json", "", ""))
     assert not present(n.Need("py:no_such_module_here", "", ""))
     assert not present(n.Need("no-such-command-here", "", ""))
+
+
+def test_another_architecture_needs_debians_packages_for_it() -> None:
+    got = _whats(n.command_needs("push", ["daemon"], foreign=True))
+    assert {"gpgv", "/usr/share/keyrings/debian-archive-keyring.gpg", "dpkg-deb"} <= got
+    # Test images are built for this machine only: no foreign needs.
+    assert "gpgv" not in _whats(n.command_needs("build", ["tiny"], foreign=True))
+    assert "gpgv" not in _whats(n.command_needs("push", ["daemon"]))
