@@ -199,7 +199,12 @@ async def exec_(request: Request) -> Response | StreamResponse:
         st.count_command(result)
         return json_response(result.to_json())
     resp = StreamResponse(headers={"Content-Type": "application/x-ndjson"})
-    await resp.prepare(request)
+
+    async def started() -> None:
+        # The 200 goes out only once the command runs: one that cannot start
+        # is answered 400 as without ?stream=1 (a stream cut after its 200
+        # reached clients as a broken answer, through a proxy as a reset).
+        await resp.prepare(request)
 
     async def forward(stream: str, data: bytes) -> None:
         # Returns when the client has taken it (transport drained): the pipe
@@ -208,7 +213,7 @@ async def exec_(request: Request) -> Response | StreamResponse:
         line = {"type": "output", "stream": stream, "data": text, "encoding": enc}
         await resp.write(json.dumps(line).encode() + b"\n")
 
-    result = await run_command(st.reaper, req, st.base_env, on_chunk=forward)
+    result = await run_command(st.reaper, req, st.base_env, on_chunk=forward, on_started=started)
     st.count_command(result)
     final = result.to_json()
     for k in ("stdout", "stderr", "stdout_encoding", "stderr_encoding"):

@@ -107,16 +107,25 @@ async def run_command(
     req: ExecRequest,
     base_env: Mapping[str, str],
     on_chunk: Callable[[str, bytes], Awaitable[None]] | None = None,
+    on_started: Callable[[], Awaitable[None]] | None = None,
 ) -> ExecResult:
     """Run to completion. ``on_chunk(stream, data)`` sees output as it comes
     (streaming); the pipe is read only as fast as it returns. Captures keep at
-    most ``max_output_bytes`` per stream."""
+    most ``max_output_bytes`` per stream. ``on_started()`` is awaited once the
+    command has started, before any output: a streamed answer begins there, so
+    a command that cannot start is still a plain 4xx (cannot_start, bad_cwd)."""
     env = {**base_env, **req.env}
     t0 = time.monotonic()
     try:
         child = spawn(reaper, req.argv, cwd=req.cwd, env=env, stdin=req.stdin is not None)
     except OSError as e:
         raise start_error(req.argv, req.cwd, e) from None
+    if on_started is not None:
+        try:
+            await on_started()
+        except BaseException:
+            kill_tree(child.pid)  # nobody will read it
+            raise
     out, err = Capture(req.max_output_bytes), Capture(req.max_output_bytes)
 
     def sink(name: str, cap: Capture) -> Callable[[bytes], Awaitable[None] | None]:

@@ -191,6 +191,21 @@ def test_streaming_exec(daemon: Daemon) -> None:
     assert "".join(c["data"] for c in chunks if c["stream"] == "stderr") == "two\n"
 
 
+def test_a_streamed_exec_that_cannot_start_is_a_plain_400(daemon: Daemon) -> None:
+    # As without ?stream=1: the error before any 200, so clients (and proxies
+    # on the way) see an answer, not a stream cut after its 200.
+    for body, code in (
+        ({"cmd": ["no-such-command-xyz"]}, "cannot_start"),
+        ({"cmd": ["/etc/passwd"]}, "cannot_start"),
+        ({"cmd": ["true"], "cwd": "/no/such/dir"}, "bad_cwd"),
+    ):
+        status, doc = daemon.request("POST", "/v1/exec?stream=1", body)
+        assert (status, doc["error"]["code"]) == (400, code), doc
+    _, doc = daemon.request("POST", "/v1/exec?stream=1", {"cmd": ["no-such-command-xyz"]})
+    assert "No such file" in doc["error"]["message"]
+    assert daemon.request("GET", "/healthz")[0] == 200
+
+
 def test_client_disconnect_mid_stream_kills_command(daemon: Daemon) -> None:
     marker = f"disconnect-{os.getpid()}"
     body = json.dumps({"cmd": f"while :; do echo {marker}; sleep 0.01; done"}).encode()
