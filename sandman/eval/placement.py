@@ -100,7 +100,7 @@ class Preflight:
     verdict: str  # dedicated | shared | unknown | refused
     profile: str
     pin: Mapping[str, str] = field(default_factory=dict)  # added to every pod's nodeSelector
-    reason: str = ""  # why the run is not on dedicated nodes (or refused)
+    reason: str = ""  # why not on dedicated nodes, why refused, or what was not checked
     fix: str = ""  # how to get dedicated nodes (or to run at all)
     nodes: tuple[str, ...] = ()  # where the tasks can run
 

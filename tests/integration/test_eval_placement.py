@@ -89,13 +89,14 @@ def spec_yaml(ref: str, *, network: bool) -> str:
 
 
 @contextmanager
-def dedicated(core: CoreV1Api, name: str) -> Iterator[None]:
-    """Node ``name`` labelled and tainted sandman.dev/dedicated=eval, as docs/eval.md says."""
+def dedicated(core: CoreV1Api, name: str, *, tainted: bool = True) -> Iterator[None]:
+    """Node ``name`` labelled and tainted sandman.dev/dedicated=eval, as docs/eval.md
+    says (``tainted=False``: only labelled, which does not make it dedicated)."""
     original = core.read_node(name).spec.taints or []
     taints = [t.to_dict() for t in original]
-    taint = {"key": KEY, "value": "eval", "effect": "NoSchedule"}
+    taint = [{"key": KEY, "value": "eval", "effect": "NoSchedule"}] if tainted else []
     core.patch_node(name, {"metadata": {"labels": {KEY: "eval"}}, "spec": {"taints": [
-        *[{k: v for k, v in t.items() if v is not None} for t in taints], taint]}})  # fmt: skip
+        *[{k: v for k, v in t.items() if v is not None} for t in taints], *taint]}})  # fmt: skip
     try:
         yield
     finally:
@@ -125,6 +126,11 @@ async def test_without_dedicated_nodes_the_run_is_placed_on_shared_ones_and_says
         node = kwok_node_name(0)
         with dedicated(core, node):
             pinned = await run(cluster, namespace, text, tmp_path / "dedicated")
+        # Required, nodes not looked at first (an autoscaler's case): pinned to
+        # the label, and the node it got is checked: labelled is not dedicated.
+        with dedicated(core, node, tainted=False):
+            unchecked = await run(cluster, namespace, text, tmp_path / "unchecked",
+                                  require_dedicated=True, check_nodes=False)  # fmt: skip
 
     (rec,) = shared.records
     c = rec["conditions"]
@@ -152,6 +158,14 @@ async def test_without_dedicated_nodes_the_run_is_placed_on_shared_ones_and_says
     assert pinned.summary["conditions"]["dedicated_nodes"] is True
     differ = compare(shared.records, pinned.records)
     assert differ["conditions_differ"] and differ["dedicated_nodes_a"] is False
+
+    (rec,) = unchecked.records
+    c = rec["conditions"]
+    assert c["node"] == node and c["node_selector"][KEY] == "eval", c
+    assert c["dedicated_node"] is False and rec["status"] == "infra_failed"
+    assert rec["reason"] == "ConditionsNotMet" and rec["score"] is None
+    assert f"node {node} is not dedicated to profile 'eval'" in rec["message"], rec
+    assert "--skip-node-check was given" in unchecked.run["placement"]["reason"]
 
 
 def _nothing_created(core: CoreV1Api, cluster: LocalCluster, namespace: str) -> None:
