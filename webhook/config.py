@@ -33,6 +33,9 @@ class WebhookConfig:
     # per pod by default; policy rules may choose per namespace.
     daemon_delivery: str = "copy"
     daemon_shared_dir: str = DEFAULT_SHARED_DIR  # the node directory of "shared"
+    # imagePullSecrets each sandbox with an install step names for the daemon
+    # image (mutate.InjectionSettings.daemon_pull_secrets).
+    daemon_pull_secrets: tuple[str, ...] = ()
     policy_file: Path | None = None
     policy_configmap: str | None = None  # "namespace/name", watched through the API
     # TLS: Secret-managed (default) or mounted files (e.g. cert-manager).
@@ -121,6 +124,15 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         type=_absolute,
         default=DEFAULT_SHARED_DIR,
         help="node directory of the shared and node deliveries",
+    )
+    p.add_argument(
+        "--daemon-pull-secret",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a pull Secret for the daemon image, named in the imagePullSecrets of "
+        "sandboxes that pull it (copy and shared deliveries); it must exist in each "
+        "sandbox namespace; repeat",
     )
     p.add_argument("--policy-file", type=Path, default=None)
     p.add_argument("--policy-configmap", default=None, help="NAMESPACE/NAME, watched")
@@ -264,6 +276,7 @@ def from_args(args: argparse.Namespace) -> WebhookConfig:
         daemon_image=args.daemon_image,
         daemon_delivery=args.daemon_delivery,
         daemon_shared_dir=args.daemon_shared_dir,
+        daemon_pull_secrets=tuple(args.daemon_pull_secret),
         policy_file=args.policy_file,
         policy_configmap=args.policy_configmap,
         tls_cert_file=args.tls_cert_file,

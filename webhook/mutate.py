@@ -145,6 +145,12 @@ class InjectionSettings:
     daemon_shared_dir: str = DEFAULT_SHARED_DIR
     scheduler_name: str = SCHEDULER_NAME
     set_scheduler: bool = True
+    # Pull Secrets for the daemon image (--daemon-pull-secret): named in the
+    # imagePullSecrets of every sandbox with an install step, since the
+    # kubelet pulls that image in the sandbox's namespace with the pod's
+    # Secrets. The Secret itself is the namespace's (docs/install.md); one
+    # that is missing there only makes the kubelet warn and pull without it.
+    daemon_pull_secrets: tuple[str, ...] = ()
 
 
 def delivery_of(pod: dict[str, Any]) -> str:
@@ -256,6 +262,18 @@ def install_container(settings: InjectionSettings, shared: bool = False) -> dict
         "resources": INIT_RESOURCES,
         "securityContext": security,
     }
+
+
+def _daemon_pull_secrets(m: Mutation, spec: dict[str, Any], names: Sequence[str]) -> None:
+    """Name ``names`` in the pod's imagePullSecrets, those it does not name yet."""
+    current = spec.get("imagePullSecrets")
+    have = {s.get("name") for s in current or []}
+    for name in names:
+        if name in have:
+            continue
+        _append(m, "/spec/imagePullSecrets", current, {"name": name})
+        current = [*(current or []), {"name": name}]
+        have.add(name)
 
 
 def node_release_path(settings: InjectionSettings) -> str:
@@ -396,6 +414,7 @@ def mutate(
             m.op("add", "/spec/initContainers/0", init)
         else:
             m.op("add", "/spec/initContainers", [init])
+        _daemon_pull_secrets(m, spec, settings.daemon_pull_secrets)
     facts = (images or {}).get(container.get("image", "")) if images is not None else None
     run = _command(m, container, facts, rule, lookups=images is not None)
     if m.image_digest and facts is not None:

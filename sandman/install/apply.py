@@ -151,6 +151,16 @@ def apply(
         ) from None
 
 
+def apply_secret(kubectl: Kubectl, docs: Sequence[dict[str, Any]], secret: dict[str, Any]) -> None:
+    """Apply ``secret`` (a pull Secret) with the namespace the overlay makes, so
+    that Sandman's pods find it when they start. kubectl reads it on stdin and
+    says only its name: the credentials reach no file and no output."""
+    ns = [d for d in docs if d.get("kind") == "Namespace"]
+    body = yaml.safe_dump_all([*ns, secret])
+    kubectl.run("apply", "--server-side", f"--field-manager={FIELD_MANAGER}", "-f", "-",
+                input=body)  # fmt: skip
+
+
 ROLLED_OUT = ("Deployment", "DaemonSet")  # what `kubectl rollout status` waits for
 # A pod the scheduler cannot place may still get a node (a cluster autoscaler
 # adding one takes a minute or two): said at once, fatal after this long.

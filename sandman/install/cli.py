@@ -23,11 +23,13 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from sandman import __version__
 from sandman.cli.policy import LOCAL_HARNESS_HELP
+from sandman.contract import NAMESPACE
 from sandman.install import apply as ap
-from sandman.install import kubeversion, render
+from sandman.install import kubeversion, pullsecrets, render
 from sandman.install import policy as install_policy
 from sandman.install.images import ImageNameError, Registry
 
@@ -100,6 +102,24 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     p.add_argument("--local-harness", action="store_true", help=LOCAL_HARNESS_HELP)
     p.add_argument(
+        "--image-pull-secret",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a dockerconfigjson Secret in sandman-system for pulling Sandman's images, "
+        "named by every Sandman pod; sandboxes name it too (for the daemon image), so "
+        "create it in sandbox namespaces as well (docs/install.md); repeatable",
+    )
+    p.add_argument(
+        "--registry-auth",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="a docker config.json with the registry's login: applied as the Secret "
+        f"{NAMESPACE}/{pullsecrets.REGISTRY_AUTH_SECRET} (never written to the overlay "
+        "or printed) and used like --image-pull-secret",
+    )
+    p.add_argument(
         "--overlay-dir",
         type=Path,
         default=None,
@@ -156,7 +176,13 @@ def cmd_install(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
+        auth_secret, pull_names = _pull_secrets(args)
+    except (OSError, pullsecrets.PullSecretError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
         opts = render.InstallOptions(
+            image_pull_secrets=pull_names,
             policy=chosen.text,
             version=args.version,
             registry=Registry.parse(args.registry) if args.registry else None,
@@ -199,6 +225,13 @@ def cmd_install(args: argparse.Namespace) -> int:
         docs = ap.documents(rendered)
         for line in chosen.lines:  # what the webhook will apply: mode, registries
             print(line, file=sys.stderr)
+        if pull_names:
+            print(
+                f"image pull secrets: {', '.join(pull_names)} (in {NAMESPACE} for Sandman's "
+                "pods; sandboxes name them for the daemon image: create them in sandbox "
+                "namespaces too)",
+                file=sys.stderr,
+            )
         if args.dry_run == "client":
             if args.output == "yaml":
                 print(rendered, end="")
@@ -207,6 +240,13 @@ def cmd_install(args: argparse.Namespace) -> int:
                     print(f"{d['kind'].lower()}/{d['metadata']['name']} (dry run)")
             return 0
         print(f"overlay: {overlay}/ (kubectl apply --server-side -k {overlay})", file=sys.stderr)
+        if auth_secret is not None and args.dry_run == "none":
+            ap.apply_secret(kubectl, docs, auth_secret)
+            print(
+                f"pull secret: {NAMESPACE}/{pullsecrets.REGISTRY_AUTH_SECRET} from "
+                f"{args.registry_auth}",
+                file=sys.stderr,
+            )
         out = ap.apply(
             kubectl,
             overlay,
@@ -226,6 +266,17 @@ def cmd_install(args: argparse.Namespace) -> int:
     finally:
         if tmp is not None:
             tmp.cleanup()
+
+
+def _pull_secrets(args: argparse.Namespace) -> tuple[dict[str, Any] | None, tuple[str, ...]]:
+    """The --registry-auth Secret (None without) and every pull Secret's name."""
+    names = list(args.image_pull_secret)
+    secret = None
+    if args.registry_auth is not None:
+        text = args.registry_auth.read_text()
+        secret = pullsecrets.registry_auth_secret(text, str(args.registry_auth))
+        names.append(pullsecrets.REGISTRY_AUTH_SECRET)
+    return secret, pullsecrets.check_names(names)
 
 
 def cmd_uninstall(args: argparse.Namespace) -> int:

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from sandman.contract import NAMESPACE
+from sandman.install import pullsecrets
 from sandman.install.images import COMPONENTS, Registry, check_version, placeholder
 from sandman.install.kubeversion import split_image
 
@@ -73,6 +74,9 @@ class InstallOptions:
     # Which kustomization under manifests/ the overlay builds on: "" is the
     # top-level one; "overlays/local" the local cluster's.
     base: str = ""
+    # Pull Secrets in sandman-system for Sandman's images (install/pullsecrets.py):
+    # every pod template names them, and the webhook names them in sandboxes.
+    image_pull_secrets: tuple[str, ...] = ()
     # Extra kustomize entries (the local cluster's test settings), kept last.
     patches: tuple[dict[str, Any], ...] = ()
 
@@ -112,7 +116,11 @@ def kustomization(opts: InstallOptions, sandman_version: str) -> dict[str, Any]:
     if components:
         doc["components"] = [f"{MANIFESTS_DIR}/components/{c}" for c in components]
     doc["images"] = images(opts)
-    patches = ([{"path": POLICY_FILE}] if opts.policy is not None else []) + list(opts.patches)
+    patches = (
+        ([{"path": POLICY_FILE}] if opts.policy is not None else [])
+        + pullsecrets.patches(opts.image_pull_secrets)
+        + list(opts.patches)
+    )
     if patches:
         doc["patches"] = patches
     return doc
@@ -160,12 +168,14 @@ def policy_with_registries(shipped: str, registries: tuple[str, ...]) -> str:
 
 def header(opts: InstallOptions, sandman_version: str) -> str:
     where = str(opts.registry) if opts.registry else "no registry (kind load)"
+    pulls = ", ".join(opts.image_pull_secrets)
     return (
         f"{MARKER} {sandman_version}: images from {where}, version {opts.version}, "
         f"{opts.delivery} delivery{', cert-manager' if opts.cert_manager else ''}"
         f"{', monitoring' if opts.monitoring else ''}"
         f"{f', scheduler {opts.scheduler_image}' if opts.scheduler_image else ''}"
-        f"{f', sandbox policy in {POLICY_FILE}' if opts.policy is not None else ''}.\n"
+        f"{f', sandbox policy in {POLICY_FILE}' if opts.policy is not None else ''}"
+        f"{f', pull secrets {pulls}' if pulls else ''}.\n"
         "# Re-running it rewrites this file and manifests/; put your own patches in an\n"
         "# overlay that lists this directory as a resource.\n"
     )
