@@ -18,16 +18,11 @@ minutes compiling Kubernetes again (`make test` builds it first).
 from __future__ import annotations
 
 import base64
-import fcntl
-import hashlib
 import json
 import os
 import shutil
 import subprocess
-import sys
 import tarfile
-import time
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,71 +34,21 @@ from sandman.harness.cluster.binaries import binary_sets, build_set
 from sandman.harness.cluster.config import Versions, default_cache_dir
 from sandman.harness.images import registry as reg
 from sandman.install.images import COMPONENTS
+from tests.wheel import REPO, ok, runner, wheel_venv
 
-REPO = Path(__file__).resolve().parents[2]
-# The user's Python: Debian's python3.11, which the image builds copy from.
-PYTHON = Path("/usr/bin/python3.11")
-VENVS = default_cache_dir() / "wheel-venvs"
-STALE_S = 86400.0
 USER, PASSWORD = "platform", "pushing-is-a-privilege"
 PREFIX = "acme/sandman"
 
 
-def _wheel_key(wheel: Path) -> str:
-    """A hash of the wheel's members (names and bytes), not of the zip: its
-    timestamps change with every build of the same tree."""
-    h = hashlib.sha256()
-    with zipfile.ZipFile(wheel) as z:
-        for info in sorted(z.infolist(), key=lambda i: i.filename):
-            h.update(info.filename.encode() + b"\0" + z.read(info) + b"\0")
-    return h.hexdigest()[:16]
-
-
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A venv with the wheel installed; cached by the wheel's contents (so
-    reruns of the same tree skip pip), one kept at a time."""
-    dist = tmp_path_factory.mktemp("dist")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(REPO)],
-        check=True, capture_output=True, timeout=300, cwd=dist,
-    )  # fmt: skip
-    (wheel,) = dist.glob("sandman_k8s-*.whl")
-    venv = VENVS / _wheel_key(wheel)
-    VENVS.mkdir(parents=True, exist_ok=True)
-    with open(VENVS / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another session may be building it
-        if not (venv / ".complete").exists():
-            # Venvs of older trees, unless one may still be in use (a day).
-            for old in VENVS.iterdir():
-                if old.is_dir() and time.time() - old.stat().st_mtime > STALE_S:
-                    shutil.rmtree(old, ignore_errors=True)
-            subprocess.run([str(PYTHON), "-m", "venv", str(venv)], check=True)
-            subprocess.run(
-                [str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check",
-                 str(wheel)],
-                check=True, timeout=900, cwd=dist,
-            )  # fmt: skip
-            (venv / ".complete").write_text("")
-    return venv
+    """A venv with the wheel installed (tests/wheel.py)."""
+    return wheel_venv(tmp_path_factory.mktemp("dist"))
 
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("user")
-
-
-def _env(venv: Path, home: Path, cache: Path, path: str | None = None) -> dict[str, str]:
-    # Nothing of the test's own environment: no PYTHONPATH, no VIRTUAL_ENV of
-    # the checkout's venv, no docker credentials of this machine.
-    go = shutil.which("go")  # the user's Go, for the images built from Go modules
-    tools = f"{Path(go).parent}:" if go else ""
-    return {
-        "PATH": path or f"{venv / 'bin'}:{tools}/usr/local/bin:/usr/bin:/bin",
-        "HOME": str(home),
-        "SANDMAN_CACHE_DIR": str(cache),
-        "LANG": "C.UTF-8",
-    }
 
 
 @pytest.fixture(scope="module")
@@ -117,14 +62,7 @@ def sandman(venv: Path, workdir: Path):  # type: ignore[no-untyped-def]
     (cache / "kube" / kube.version).mkdir(parents=True)
     (cache / "kube" / kube.version / "bin").symlink_to(built)
 
-    def run(*args: str, stdin: str = "", path: str | None = None, timeout: float = 900):
-        return subprocess.run(
-            [str(venv / "bin" / "sandman"), *args],
-            input=stdin, capture_output=True, text=True, timeout=timeout, cwd=workdir,
-            env=_env(venv, home, cache, path),
-        )  # fmt: skip
-
-    return run
+    return runner(venv, workdir, home, cache)
 
 
 @pytest.fixture(scope="module")
@@ -134,12 +72,6 @@ def registry(workdir: Path) -> Iterator[reg.Registry]:
             pytest.skip(f"{tool} missing (python -m sandman.harness.prereqs installs it)")
     with reg.serve(workdir / "registry", username=USER, password=PASSWORD, tls=True) as r:
         yield r
-
-
-def _ok(proc: subprocess.CompletedProcess[str]) -> str:
-    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\n{proc.stderr}"
-    assert "Traceback" not in proc.stderr
-    return proc.stdout
 
 
 def test_the_venv_runs_the_wheel_not_the_checkout(venv: Path, workdir: Path) -> None:
@@ -154,11 +86,11 @@ def test_the_venv_runs_the_wheel_not_the_checkout(venv: Path, workdir: Path) -> 
 
 
 def test_build_then_push_every_component_to_a_registry_with_auth(sandman, registry) -> None:  # type: ignore[no-untyped-def]
-    out = _ok(sandman("image", "build", "--no-push", "daemon"))
+    out = ok(sandman("image", "build", "--no-push", "daemon"))
     assert out.startswith("daemon") and " sha256:" in out
     # The documented command: every component, credentials on stdin.
     target = f"{registry.host}/{PREFIX}"
-    out = _ok(
+    out = ok(
         sandman("image", "push", "--registry", target, "--username", USER, "--password-stdin",
                 "--ca-file", str(registry.ca_file), stdin=PASSWORD + "\n")
     )  # fmt: skip
@@ -178,7 +110,7 @@ def test_push_with_an_auth_file(sandman, registry, workdir: Path) -> None:  # ty
     config = workdir / "docker-config.json"
     config.write_text(json.dumps({"auths": {registry.host: {"auth": token}}}))
     target = f"{registry.host}/{PREFIX}-authfile"
-    out = _ok(sandman("image", "push", "daemon", "--registry", target, "--authfile", str(config),
+    out = ok(sandman("image", "push", "daemon", "--registry", target, "--authfile", str(config),
                       "--ca-file", str(registry.ca_file)))  # fmt: skip
     ref, digest = out.split()[:2]
     assert ref == f"{target}/sandman-daemon:{__version__}"
@@ -210,7 +142,7 @@ def test_a_missing_tool_is_named_before_anything_is_built(sandman, venv: Path) -
 
 def test_export_writes_a_docker_archive(sandman, workdir: Path) -> None:  # type: ignore[no-untyped-def]
     out_dir = workdir / "archives"
-    _ok(sandman("image", "export", "daemon", "-o", str(out_dir)))
+    ok(sandman("image", "export", "daemon", "-o", str(out_dir)))
     archive = out_dir / f"sandman-daemon-{__version__}.tar"
     with tarfile.open(archive) as t:
         manifest = json.load(t.extractfile("manifest.json"))  # type: ignore[arg-type]
@@ -222,7 +154,7 @@ def test_install_dry_run_renders_with_the_pushed_images(sandman, registry) -> No
     kube = next(bs for bs in binary_sets(Versions()) if bs.name == "kube")
     kubectl = build_set(kube, default_cache_dir()) / "kubectl"
     target = f"{registry.host}/{PREFIX}"
-    out = _ok(sandman("install", "--registry", target, "--allow-registry", "docker.io/*",
+    out = ok(sandman("install", "--registry", target, "--allow-registry", "docker.io/*",
                       "--dry-run=client", "-o", "yaml", "--kubectl", str(kubectl)))  # fmt: skip
     text = yaml.safe_dump_all(list(yaml.safe_load_all(out)))
     for c in ("controller", "daemon"):
