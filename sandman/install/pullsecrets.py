@@ -127,8 +127,7 @@ def registry_auth_secret(text: str, source: str) -> dict[str, Any]:
         raise PullSecretError(
             f"--registry-auth {source}: no login for {', '.join(sorted(empty)) or 'any registry'}"
             f"{helper}; the kubelet needs `auth` or `username`/`password` in the file "
-            "(e.g. `kubectl create secret docker-registry --dry-run=client` shows the format, "
-            "or log in with `--authfile FILE` / DOCKER_CONFIG set to an empty directory)"
+            "(`skopeo login --authfile FILE REGISTRY` writes one)"
         )
     body = json.dumps({"auths": doc["auths"]}, separators=(",", ":"))
     return {
