@@ -24,6 +24,7 @@ import subprocess
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes.client import CoreV1Api
@@ -116,9 +117,12 @@ def test_a_sandman_user_runs_a_sandbox_life_with_the_cli_on_the_oldest_python(
             assert r.returncode == 0, f"sandman {' '.join(args)}: {r.stderr}"
         return r
 
-    # run: no -n, the namespace is the context's; the daemon through the apiserver.
-    name = cli("run", images["tiny"], "--ttl=20m", "--transport=proxy", "--", "sleep", "3600")
-    name = name.stdout.strip()
+    # run, as kubectl's: NAME --image=IMAGE -- COMMAND; no -n, the namespace is
+    # the context's; the daemon through the apiserver. A lease in plain seconds.
+    run = cli("run", "trainer-1", f"--image={images['tiny']}", "--ttl=1200", "--transport=proxy",
+              "-o", "jsonpath={.name} {.namespace}", "--", "sleep", "3600")  # fmt: skip
+    assert run.stdout == f"trainer-1 {namespace}", run.stdout
+    name = "trainer-1"
     pod = raw(core.read_namespaced_pod(name, namespace, _preload_content=False))
     assert pod["metadata"]["namespace"] == namespace
     tp = "--transport=proxy"
@@ -129,6 +133,7 @@ def test_a_sandman_user_runs_a_sandbox_life_with_the_cli_on_the_oldest_python(
 
     _copies_both_ways(cli, name, work)
     _background_logs_and_port_forward(cli, env, old_python_cli, name, work)
+    _kubectl_habits_and_exit_codes(cli, pod, name)
 
     # extend: the lease annotation moves (the role's pods patch).
     until = parse_time(cli("extend", name, "30m", tp).stdout.strip())
@@ -227,6 +232,40 @@ def _background_logs_and_port_forward(
     assert body is not None, f"nothing through port-forward; its stderr: {err}"
     assert "sandman tiny image" in body and second == body
     assert fwd.returncode == 0, err
+
+
+def _kubectl_habits_and_exit_codes(cli: Cli, pod: dict[str, Any], name: str) -> None:
+    tp = "--transport=proxy"
+    # The command's own code passes through; one that is not there is 127, one
+    # that cannot run 126; Sandman's own failures 125; a usage error 2.
+    assert cli("exec", name, tp, "--", "sh", "-c", "exit 125", check=False).returncode == 125
+    missing = cli("exec", name, tp, "--", "no-such-command", check=False)
+    assert missing.returncode == 127 and "no-such-command" in missing.stderr, missing.stderr
+    cannot = cli("exec", name, tp, "--", "/etc/passwd", check=False)
+    assert cannot.returncode == 126 and "Permission denied" in cannot.stderr, cannot.stderr
+    gone = cli("exec", "no-such-pod", tp, "--", "true", check=False)
+    assert gone.returncode == 125 and "no-such-pod" in gone.stderr, gone.stderr
+    assert "Traceback" not in gone.stderr
+    usage = cli("exec", "--no-such-flag", name, "--", "true", check=False)
+    assert usage.returncode == 2 and "unrecognized arguments" in usage.stderr
+    # -it in a pipe: kubectl's warning, and the command runs with our stdin.
+    piped = cli("exec", "-it", name, tp, "--", "wc", "-c", stdin="1234", check=False)
+    assert (piped.returncode, piped.stdout.split()) == (0, ["4"]), piped.stderr
+    assert "Unable to use a TTY" in piped.stderr
+    # -c: the sandbox's container is accepted; another is refused by name.
+    container = pod["spec"]["containers"][0]["name"]
+    assert cli("exec", "-c", container, name, tp, "--", "true").returncode == 0
+    other = cli("exec", "-c", "sidecar", name, tp, "--", "true", check=False)
+    assert other.returncode == 125 and "no container 'sidecar'" in other.stderr, other.stderr
+    # logs --tail: the last lines, of a background process and of the container.
+    assert cli("logs", name, "counter", "--tail", "2", tp).stdout == "line2\nline3\n"
+    assert cli("logs", name, "counter", "--tail=1", "-f", tp).stdout == "line3\n"
+    assert cli("logs", name, "--tail", "5").returncode == 0
+    # -o jsonpath on a listing, as kubectl's (the rows are a List's items).
+    listing = cli("ls", "-o", 'jsonpath={range .items[*]}{.name}:{.state}{"\\n"}{end}')
+    assert listing.stdout == f"{name}:Ready\n", listing.stdout
+    # Durations: the same forms for every flag.
+    assert cli("exec", name, tp, "--timeout=1m30s", "--", "true").returncode == 0
 
 
 def _refused_outside_the_role(

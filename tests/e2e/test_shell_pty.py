@@ -138,3 +138,33 @@ async def test_full_screen_editor_in_a_busybox_sandbox(
             drv.close()
         assert (await sb.read_file("/tmp/note.txt")) == b"hello from vi\n"
         await sb.release()
+
+
+async def test_exec_it_is_interactive_as_kubectl_exec_it(
+    cluster: LocalCluster,
+    real_node: RealNode,
+    namespace: str,
+    images: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    # `kubectl sandman exec -it POD -- sh`, typed as kubectl users type it: the
+    # command (not the image's shell) on a terminal, keys going to it, its exit
+    # code ours, the local terminal restored.
+    async with SandmanClient(kubeconfig=cluster.kubeconfig, namespace=namespace) as client:
+        sb = await Sandbox.create(
+            client, images["tiny"], node_selector=REAL, command=["sleep", "3600"], ttl="20m"
+        )
+        _, env = _plugin(cluster, tmp_path)
+        exec_it = ["kubectl", "sandman", "exec", "-it", sb.name, "-n", namespace]
+        drv = PtyDriver([*exec_it, "--cwd", "/tmp", "--", "sh"], env=env, timeout=90)
+        try:
+            drv.expect("# ")  # busybox sh, as root
+            drv.type("tty; pwd; echo $((6 * 7))\r")
+            seen = drv.expect("# ")
+            assert b"/dev/pts/" in seen and b"/tmp" in seen and b"42" in seen, seen
+            drv.type("exit 5\r")
+            assert drv.wait() == 5
+            assert drv.modes_restored(), "the local terminal was not restored"
+        finally:
+            drv.close()
+        await sb.release()
