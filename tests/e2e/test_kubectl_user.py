@@ -143,7 +143,7 @@ def test_a_sandman_user_runs_a_sandbox_life_with_the_cli_on_the_oldest_python(
     assert cli("ls", "-o", "name").stdout.split() == [f"pod/{name}"]
     cli("logs", name)  # the container's own log (pods/log)
 
-    _refused_outside_the_role(cli, cluster, user, other_namespace, name)
+    _refused_outside_the_role(cli, cluster, user, other_namespace, name, images["tiny"])
 
     cli("release", f"pod/{name}", tp)
     by_name = f"metadata.name={name}"
@@ -269,7 +269,7 @@ def _kubectl_habits_and_exit_codes(cli: Cli, pod: dict[str, Any], name: str) -> 
 
 
 def _refused_outside_the_role(
-    cli: Cli, cluster: LocalCluster, user: User, other: str, name: str
+    cli: Cli, cluster: LocalCluster, user: User, other: str, name: str, image: str
 ) -> None:
     def kubectl(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -282,6 +282,18 @@ def _refused_outside_the_role(
     assert elsewhere.stderr.startswith("error: permission denied: "), elsewhere.stderr
     assert f"may not list pods in namespace {other}" in elsewhere.stderr, elsewhere.stderr
     assert user.name in elsewhere.stderr and "Traceback" not in elsewhere.stderr
+    # A sandbox where the role grants nothing: RBAC's refusal, never called a
+    # policy denial; and a policy denial with its rule, never called RBAC's.
+    rbac = cli("run", f"--image={image}", "-n", other, check=False)
+    assert rbac.returncode == 125, rbac.stderr
+    assert "error: sandbox not created: permission denied: " in rbac.stderr, rbac.stderr
+    assert user.name in rbac.stderr, rbac.stderr
+    assert f"may not create pods in namespace {other}" in rbac.stderr, rbac.stderr
+    assert "polic" not in rbac.stderr.lower(), rbac.stderr
+    denied = cli("run", "--image=evil.example.com/x:1", "--transport=proxy", check=False)
+    assert denied.returncode == 125, denied.stderr
+    assert "error: sandbox not created: denied by policy: " in denied.stderr, denied.stderr
+    assert "evil.example.com" in denied.stderr and "permission" not in denied.stderr
 
     def refused(*args: str) -> bool:
         # kubectl words it "Error from server (Forbidden)" or, for generators
