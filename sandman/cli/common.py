@@ -126,8 +126,7 @@ def explain(e: BaseException) -> tuple[int, str] | None:
     """(exit code, one line) for a failure the CLI reports without a
     traceback; None for a bug (which keeps its traceback)."""
     if isinstance(e, SandboxStartError):
-        if e.reason == SandboxStartError.POLICY_DENIED:
-            # The SDK calls every refused create PolicyDenied; RBAC is not policy.
+        if e.reason in (SandboxStartError.POLICY_DENIED, SandboxStartError.FORBIDDEN):
             return EXIT_SANDMAN, f"sandbox not created: {forbidden_message(e.message)}"
         retry = "retryable" if e.retryable else "not retryable"
         return EXIT_SANDMAN, f"sandbox did not start: {e.reason}: {e.message} ({retry})"

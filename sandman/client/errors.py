@@ -64,6 +64,8 @@ class SandboxStartError(SandmanError):
     IMAGE_PULL = "ImagePullFailed"
     UNSCHEDULABLE = "Unschedulable"
     POLICY_DENIED = "PolicyDenied"
+    # Kubernetes RBAC refused the create: a permission, not Sandman's policy.
+    FORBIDDEN = "Forbidden"
     QUOTA = "QuotaExceeded"
     ADMISSION_UNAVAILABLE = "AdmissionUnavailable"
     CRASHED = "ContainerFailed"

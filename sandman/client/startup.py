@@ -121,5 +121,7 @@ def admission_error(status: int, body: Any) -> E:
     if status in (400, 422):
         return E(E.INVALID, message, retryable=False)
     if status == 403:
-        return E(E.POLICY_DENIED, message, retryable=False)
+        # RBAC (no create on pods here), or another admission plugin's refusal:
+        # never reported as Sandman's policy, whose denials name the webhook.
+        return E(E.FORBIDDEN, message, retryable=False)
     return E(E.ADMISSION_UNAVAILABLE, f"HTTP {status}: {message}", retryable=status >= 500)

@@ -16,7 +16,12 @@ from sandman.kube_async import ApiError
 # of the problem fail at once (reported, never dropped) instead of each
 # paying the same failed start.
 BROKEN_REASONS = frozenset(
-    {SandboxStartError.IMAGE_NOT_FOUND, SandboxStartError.POLICY_DENIED, SandboxStartError.INVALID}
+    {
+        SandboxStartError.IMAGE_NOT_FOUND,
+        SandboxStartError.POLICY_DENIED,
+        SandboxStartError.FORBIDDEN,
+        SandboxStartError.INVALID,
+    }
 )
 
 

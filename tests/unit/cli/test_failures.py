@@ -27,7 +27,7 @@ from sandman.cli.common import (
     forbidden_message,
 )
 from sandman.cli.main import prog_name
-from sandman.client import DaemonError, SandboxGone, SandboxStartError
+from sandman.client import DaemonError, SandboxGone, SandboxStartError, startup
 from sandman.kube_async import ApiError, KubeconfigError
 
 BIN = Path(sys.executable).parent
@@ -189,8 +189,8 @@ def test_an_rbac_403_is_a_permission_problem_naming_verb_resource_namespace() ->
 
 
 def test_an_rbac_403_on_create_is_not_called_a_policy_denial() -> None:
-    # The SDK classifies every refused create as PolicyDenied; the CLI does not.
-    e = SandboxStartError(SandboxStartError.POLICY_DENIED, RBAC, retryable=False)
+    e = startup.admission_error(403, {"message": RBAC})
+    assert e.reason == SandboxStartError.FORBIDDEN
     code, line = explain(e)  # type: ignore[misc]
     assert code == EXIT_SANDMAN and "permission denied" in line and "polic" not in line
 

@@ -229,6 +229,13 @@ def test_unschedulable_within_grace_keeps_waiting() -> None:
             True,
         ),
         (422, "Pod is invalid", SandboxStartError.INVALID, False),
+        (
+            403,
+            'pods is forbidden: User "alice" cannot create resource "pods" in API group ""'
+            ' in the namespace "team-b"',
+            SandboxStartError.FORBIDDEN,
+            False,
+        ),
     ],
 )
 def test_admission_errors_are_classified(
