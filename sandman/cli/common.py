@@ -24,6 +24,7 @@ from sandman.kube_async import ApiError, KubeClient, KubeconfigError
 # Exit codes (docs/cli.md), as container CLIs keep them: a command run in a
 # sandbox passes its own code through `exec` unchanged, so the CLI's own
 # outcomes keep to codes a command is unlikely to use for itself.
+EXIT_SOME_FAILED = 1  # a batch ran (fleet run) but some of it failed on the infrastructure
 EXIT_USAGE = 2  # argparse: a bad flag or argument (nothing was sent anywhere)
 EXIT_TIMEOUT = 124  # exec --timeout ran out (as timeout(1))
 EXIT_SANDMAN = 125  # Sandman failed: no cluster, refused, no such sandbox, did not start

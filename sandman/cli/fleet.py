@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from sandman.cli import durations
-from sandman.cli.common import UsageError
+from sandman.cli.common import EXIT_SOME_FAILED, UsageError
 from sandman.cli.sandboxes import default_namespace
 from sandman.client import Sandbox, SandmanClient
 from sandman.fleet.fleet import Fleet, FleetConfig, Problem
@@ -180,7 +180,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     summary = summarize(data)
     print(render_text(summary), end="", file=sys.stderr)
     _outputs(args, summary, data)
-    return 0 if summary["infra_failures"] == 0 else 2
+    return batch_exit_code(summary)
+
+
+def batch_exit_code(summary: dict[str, Any]) -> int:
+    """0, or 1 when a rollout ended in an infrastructure failure: not 2, which
+    is a usage error, and not 125, since the batch itself ran."""
+    return 0 if summary["infra_failures"] == 0 else EXIT_SOME_FAILED
 
 
 async def _paint(fleet: Fleet, bar: ProgressLine) -> None:

@@ -236,3 +236,11 @@ def test_sandmans_own_failures_are_125() -> None:
 def test_a_bug_keeps_its_traceback() -> None:
     assert explain(KeyError("x")) is None
     assert explain(AttributeError("y")) is None
+
+
+def test_a_batch_with_infrastructure_failures_is_not_a_usage_error() -> None:
+    from sandman.cli.common import EXIT_USAGE
+    from sandman.cli.fleet import batch_exit_code
+
+    assert batch_exit_code({"infra_failures": 0}) == 0
+    assert batch_exit_code({"infra_failures": 3}) == 1 != EXIT_USAGE
