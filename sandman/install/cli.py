@@ -130,8 +130,11 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument(
         "--dry-run",
         choices=("none", "client", "server"),
+        nargs="?",
+        const="client",  # a bare --dry-run, as kubectl reads it
         default="none",
-        help="client: print the objects, touch nothing; server: the apiserver validates",
+        help="client (also a bare --dry-run): print the objects, touch nothing; "
+        "server: the apiserver validates",
     )
     p.add_argument("-o", "--output", choices=("name", "yaml"), default="name")
     p.add_argument(

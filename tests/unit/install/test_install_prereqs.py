@@ -24,3 +24,11 @@ def test_without_kubectl_nothing_is_written_and_the_error_says_so(
     assert "install kubectl" in err and "--kubectl PATH" in err
     assert "Traceback" not in err
     assert not overlay.exists()
+
+
+def test_a_bare_dry_run_is_client_as_kubectl_reads_it() -> None:
+    from sandman.cli.main import build_parser
+
+    args = build_parser("install").parse_args(["install", "--dry-run", "--registry", "r.io/a"])
+    assert args.dry_run == "client"
+    assert build_parser("install").parse_args(["install"]).dry_run == "none"
