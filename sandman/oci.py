@@ -24,6 +24,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from sandman import imageref
+
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
@@ -32,16 +34,9 @@ INDEX_TYPES = (OCI_INDEX, DOCKER_LIST)
 MANIFEST_TYPES = (OCI_MANIFEST, DOCKER_MANIFEST)
 ACCEPT = ", ".join((*INDEX_TYPES, *MANIFEST_TYPES))
 
-DOCKER_HUB = "docker.io"
+DOCKER_HUB = imageref.DOCKER_HUB
 DOCKER_HUB_API = "registry-1.docker.io"
 
-# The grammar of github.com/distribution/reference (what containerd and the
-# kubelet parse with), anchored.
-_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|[-]+)[a-z0-9]+)*"
-_PATH = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
-_LABEL = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
-_DOMAIN = re.compile(rf"^(?:{_LABEL}(?:\.{_LABEL})*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?$")
-_TAG = re.compile(r"^[\w][\w.-]{0,127}$")
 DIGEST_RE = re.compile(r"^sha256:[a-f0-9]{64}$")
 
 
@@ -99,34 +94,15 @@ class Reference:
 
     @classmethod
     def parse(cls, ref: str) -> Reference:
-        text = ref.strip()
-        if not text:
-            raise InvalidReference("empty image reference")
-        name, at, digest = text.partition("@")
-        if at and not DIGEST_RE.match(digest):
-            raise InvalidReference(f"{ref!r}: bad digest {digest!r} (sha256:<64 hex>)")
-        first, sep, rest = name.partition("/")
-        if sep and (
-            any(c in first for c in ".:") or first == "localhost" or first != first.lower()
-        ):
-            domain, remainder = first, rest
-        else:
-            domain, remainder = DOCKER_HUB, name
-        if domain == "index.docker.io":
-            domain = DOCKER_HUB
-        if domain == DOCKER_HUB and "/" not in remainder:
-            remainder = "library/" + remainder
-        path, tag = remainder, None
-        colon = remainder.rfind(":")
-        if colon > remainder.rfind("/"):
-            path, tag = remainder[:colon], remainder[colon + 1 :]
-            if not _TAG.match(tag):
-                raise InvalidReference(f"{ref!r}: bad tag {tag!r}")
-        if not _DOMAIN.match(domain):
-            raise InvalidReference(f"{ref!r}: bad registry {domain!r}")
-        if not _PATH.match(path):
-            raise InvalidReference(f"{ref!r}: bad repository {path!r} (lowercase, [a-z0-9._-/])")
-        return cls(domain, path, tag, digest or None)
+        """``ref`` as the runtime reads it (sandman.imageref, the policy's parser
+        too); the registry client also takes only sha256 digests, which it verifies."""
+        try:
+            r = imageref.parse(ref.strip())
+        except imageref.InvalidImageRef as e:
+            raise InvalidReference(f"{ref!r}: {e}") from None
+        if r.digest and not DIGEST_RE.match(r.digest):
+            raise InvalidReference(f"{ref!r}: bad digest {r.digest!r} (sha256:<64 hex>)")
+        return cls(r.domain, r.path, r.tag, r.digest)
 
     @property
     def name(self) -> str:
