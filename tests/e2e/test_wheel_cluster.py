@@ -133,6 +133,18 @@ def _denial(core: CoreV1Api, namespace: str, image: str) -> str:
     return str(e.value.body)
 
 
+def _ready_or_why(core: CoreV1Api, namespace: str, name: str) -> dict[str, Any]:
+    """The pod once Ready; else the test fails with the namespace's Events (a
+    pull refused for want of credentials says so there, and the installed
+    reaper deletes a sandbox whose pulls keep failing)."""
+    try:
+        return wait_ready(core, namespace, name, timeout=180)
+    except Exception as e:  # a timeout, or the pod gone
+        events = core.list_namespaced_event(namespace).items
+        lines = [f"{ev.involved_object.name}: {ev.reason}: {ev.message}" for ev in events]
+        pytest.fail(f"sandbox {namespace}/{name} never Ready ({e}); events:\n" + "\n".join(lines))
+
+
 def test_a_wheel_install_from_a_private_registry_runs_sandboxes(
     cluster: LocalCluster,
     real_node: RealNode,
@@ -216,7 +228,7 @@ def test_a_wheel_install_from_a_private_registry_runs_sandboxes(
                 },
             },
         )
-        pod = wait_ready(core, namespace, "private", timeout=180)
+        pod = _ready_or_why(core, namespace, "private")
         spec = pod["spec"]
         assert spec["imagePullSecrets"] == [{"name": REGISTRY_AUTH_SECRET}]
         (init,) = [c for c in spec["initContainers"] if c["name"] == DAEMON_INIT_CONTAINER]
