@@ -33,6 +33,9 @@ class WebhookConfig:
     # per pod by default; policy rules may choose per namespace.
     daemon_delivery: str = "copy"
     daemon_shared_dir: str = DEFAULT_SHARED_DIR  # the node directory of "shared"
+    # The node installer DaemonSet runs (--node-installer): only then can a
+    # sandbox get the "node" delivery (mutate.delivery_for).
+    node_installer: bool = False
     # imagePullSecrets each sandbox with an install step names for the daemon
     # image (mutate.InjectionSettings.daemon_pull_secrets).
     daemon_pull_secrets: tuple[str, ...] = ()
@@ -118,6 +121,13 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         "(daemonDelivery): copy = into each pod (passes Pod Security restricted), "
         "shared = once per node, mounted read-only (a hostPath volume), "
         "node = placed on every node by the node installer (manifests/node), no install step",
+    )
+    p.add_argument(
+        "--node-installer",
+        action="store_true",
+        help="the node installer DaemonSet (manifests/node) runs on the nodes; without it a "
+        "sandbox whose policy rule asks for the node delivery gets the shared one, with an "
+        "admission warning saying why",
     )
     p.add_argument(
         "--daemon-shared-dir",
@@ -268,6 +278,12 @@ def _token_host(value: str) -> tuple[str, str]:
 
 def from_args(args: argparse.Namespace) -> WebhookConfig:
     host, port = args.listen
+    if args.daemon_delivery == "node" and not args.node_installer:
+        # Every sandbox would fall back: say so at start, not in each admission.
+        raise SystemExit(
+            "sandman webhook: --daemon-delivery=node needs the node installer "
+            "(manifests/node, `sandman install --delivery node`) and --node-installer"
+        )
     return WebhookConfig(
         host=host,
         port=port,
@@ -276,6 +292,7 @@ def from_args(args: argparse.Namespace) -> WebhookConfig:
         daemon_image=args.daemon_image,
         daemon_delivery=args.daemon_delivery,
         daemon_shared_dir=args.daemon_shared_dir,
+        node_installer=args.node_installer,
         daemon_pull_secrets=tuple(args.daemon_pull_secret),
         policy_file=args.policy_file,
         policy_configmap=args.policy_configmap,

@@ -143,6 +143,9 @@ class InjectionSettings:
     daemon_delivery: str = "copy"
     # The node directory of the shared delivery (--daemon-shared-dir).
     daemon_shared_dir: str = DEFAULT_SHARED_DIR
+    # Whether the node installer runs (--node-installer): the "node"
+    # delivery mounts a tree only it places.
+    node_installer: bool = False
     scheduler_name: str = SCHEDULER_NAME
     set_scheduler: bool = True
     # Pull Secrets for the daemon image (--daemon-pull-secret): named in the
@@ -165,20 +168,40 @@ def delivery_of(pod: dict[str, Any]) -> str:
 
 
 def delivery_for(
-    default: str, rule_choice: str | None, namespace_labels: Mapping[str, str]
+    default: str,
+    rule_choice: str | None,
+    namespace_labels: Mapping[str, str],
+    node_installer: bool = False,
 ) -> tuple[str, str | None]:
     """(delivery, warning) for a sandbox: the rule's choice, else the
-    install-wide one; never a node directory ("shared", "node") where Pod
-    Security admission would then refuse the pod (the copy passes
-    `restricted`), which the warning says."""
+    install-wide one; never "node" where no node installer places the tree
+    (the shared delivery installs it from the pod instead), and never a node
+    directory ("shared", "node") where Pod Security admission would then
+    refuse the pod (the copy passes `restricted`); the warning says which.
+
+    >>> delivery_for("copy", "node", {}, node_installer=False)[0]
+    'shared'
+    >>> delivery_for("copy", "node", {PSA_ENFORCE_LABEL: "restricted"})[0]
+    'copy'
+    >>> delivery_for("copy", "node", {}, node_installer=True)
+    ('node', None)
+    """
     wanted = rule_choice or default
+    notes = []
+    if wanted == "node" and not node_installer:
+        wanted = "shared"
+        notes.append(
+            "the daemon is installed on the node by this pod (shared delivery), not taken "
+            "from the node installer: none runs on this cluster (`sandman install "
+            "--delivery node` adds it)"
+        )
     level = namespace_labels.get(PSA_ENFORCE_LABEL, "")
     if wanted in HOST_PATH_DELIVERIES and level in PSA_NO_HOST_PATH:
         return "copy", (
             f"the daemon is copied into this pod, not shared from the node: the namespace "
             f"enforces Pod Security {level!r}, which refuses hostPath volumes"
         )
-    return wanted, None
+    return wanted, "; ".join(notes) or None
 
 
 @dataclass
@@ -397,7 +420,10 @@ def mutate(
 
     # -- the daemon: volume, install step, the target container ---------------
     delivery, note = delivery_for(
-        settings.daemon_delivery, rule.daemon_delivery, namespace_labels or {}
+        settings.daemon_delivery,
+        rule.daemon_delivery,
+        namespace_labels or {},
+        settings.node_installer,
     )
     if note:
         m.warnings.append(note)

@@ -113,6 +113,7 @@ class WebhookState:
                 version=__version__,
                 daemon_delivery=self.config.daemon_delivery,
                 daemon_shared_dir=self.config.daemon_shared_dir,
+                node_installer=self.config.node_installer,
                 daemon_pull_secrets=self.config.daemon_pull_secrets,
             ),
             now=utc_now,

@@ -73,6 +73,7 @@ def test_shared_delivery_sets_the_webhook_default_and_runs_nothing_per_node(tmp_
     docs = install_render(tmp_path, delivery="shared")
     assert not [d for d in docs if d["kind"] == "DaemonSet"]
     assert "--daemon-delivery=shared" in webhook_args(docs)
+    assert "--node-installer" not in webhook_args(docs)  # rules asking for node get shared
     assert names(docs) == names(install_render(tmp_path / "copy"))
 
 
@@ -81,6 +82,7 @@ def test_node_delivery_adds_the_installer_with_the_injected_daemon_image(tmp_pat
     extra = names(docs) - names(install_render(tmp_path / "copy"))
     assert extra == {"Namespace/sandman-node", "DaemonSet/sandman-node"}
     assert "--daemon-delivery=node" in webhook_args(docs)
+    assert "--node-installer" in webhook_args(docs)
     (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
     init = ds["spec"]["template"]["spec"]["initContainers"][0]
     # The tree the installer names is the one the webhook injects.
@@ -154,3 +156,5 @@ def test_the_local_node_installer_keeps_off_kwok_nodes_and_off_other_arches() ->
     exprs = terms[0]["matchExpressions"]
     assert {"key": "type", "operator": "NotIn", "values": ["kwok"]} in exprs
     assert placement(ds)["kubernetes.io/arch"] == set(ARCHES)
+    # The local webhook knows it runs, so rules may choose the node delivery.
+    assert "--node-installer" in webhook_args(kustomize(ap.manifests_dir() / "overlays" / "local"))

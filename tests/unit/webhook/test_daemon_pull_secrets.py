@@ -31,7 +31,7 @@ def test_shared_delivery_pulls_the_image_too() -> None:
 
 
 def test_node_delivery_pulls_nothing_in_the_sandbox_namespace() -> None:
-    node = dataclasses.replace(PRIVATE, daemon_delivery="node")
+    node = dataclasses.replace(PRIVATE, daemon_delivery="node", node_installer=True)
     out, _ = injected(pod(), settings=node)
     assert "imagePullSecrets" not in out["spec"]
     assert "initContainers" not in out["spec"]

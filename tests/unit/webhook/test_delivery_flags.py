@@ -38,3 +38,11 @@ def test_bad_values_are_refused(argv: tuple[str, ...], capsys: pytest.CaptureFix
     with pytest.raises(SystemExit):
         parse(*argv)
     assert "--daemon-" in capsys.readouterr().err
+
+
+def test_the_node_delivery_as_the_default_needs_the_node_installer() -> None:
+    with pytest.raises(SystemExit, match="--node-installer"):
+        parse("--daemon-delivery", "node")
+    c = parse("--daemon-delivery", "node", "--node-installer")
+    assert (c.daemon_delivery, c.node_installer) == ("node", True)
+    assert parse().node_installer is False

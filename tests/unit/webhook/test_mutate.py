@@ -403,7 +403,7 @@ def test_node_mode_has_no_install_step_and_mounts_the_nodes_tree_read_only() -> 
     from sandman.contract import daemon_release
     from sandman.webhook.mutate import delivery_for
 
-    settings = replace(SETTINGS, daemon_shared_dir="/srv/sd")
+    settings = replace(SETTINGS, daemon_shared_dir="/srv/sd", node_installer=True)
     release = f"/srv/sd/release/{daemon_release(settings.daemon_image)}"
     for s, rule in (
         (replace(settings, daemon_delivery="node"), RULE),
@@ -444,8 +444,25 @@ def test_the_delivery_an_injected_pod_got_reads_back() -> None:
     from sandman.webhook.mutate import delivery_of
 
     for delivery in ("copy", "shared", "node"):
-        out, _ = injected(pod(), settings=replace(SETTINGS, daemon_delivery=delivery))
+        settings = replace(SETTINGS, daemon_delivery=delivery, node_installer=True)
+        out, _ = injected(pod(), settings=settings)
         assert delivery_of(out) == delivery
+
+
+def test_the_node_delivery_without_a_node_installer_is_the_shared_one_with_a_warning() -> None:
+    from dataclasses import replace
+
+    from sandman.webhook.mutate import delivery_of
+
+    # Asked for by a rule on an install without the node installer: the pod
+    # would wait forever for a node directory nobody writes.
+    rule = RuleSet("r", daemon_delivery="node")
+    out, m = injected(pod(), rule=rule, settings=SETTINGS)
+    assert delivery_of(out) == "shared"
+    assert any("node installer" in w and "--delivery node" in w for w in m.warnings)
+    out, m = injected(pod(), rule=rule, settings=replace(SETTINGS, node_installer=True))
+    assert delivery_of(out) == "node"
+    assert not any("node installer" in w for w in m.warnings)
 
 
 def test_copy_mode_is_the_default_and_a_rule_can_opt_out_of_shared() -> None:
