@@ -15,6 +15,10 @@ is the failure this module prevents. The rules are those of
 - a digest names the content: with one, the tag is irrelevant to what is
   pulled (containerd resolves the digest), so the key is ``name@digest``;
 - ``host:5000/repo`` is a registry with a port, never a tag.
+
+The domain split is ``sandman.imageref``'s, the one the policy matches with;
+this module adds what placement needs: node-report keys, and leniency for
+data from the API (runtime ID schemes, any digest algorithm).
 """
 
 from __future__ import annotations
@@ -22,10 +26,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-DEFAULT_DOMAIN = "docker.io"
-LEGACY_DEFAULT_DOMAIN = "index.docker.io"
-OFFICIAL_REPO_PREFIX = "library/"
-DEFAULT_TAG = "latest"
+from sandman import imageref
+
+DEFAULT_TAG = imageref.DEFAULT_TAG
 
 # The grammar of distribution/reference (regexp.go), anchored.
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|[-]+)[a-z0-9]+)*"
@@ -75,21 +78,6 @@ class ImageRef:
         return self.content_key or self.key
 
 
-def _split_domain(name: str) -> tuple[str, str]:
-    first, sep, rest = name.partition("/")
-    if not sep or (
-        not any(c in first for c in ".:") and first != "localhost" and first.lower() == first
-    ):
-        domain, remainder = DEFAULT_DOMAIN, name
-    else:
-        domain, remainder = first, rest
-    if domain == LEGACY_DEFAULT_DOMAIN:
-        domain = DEFAULT_DOMAIN
-    if domain == DEFAULT_DOMAIN and "/" not in remainder:
-        remainder = OFFICIAL_REPO_PREFIX + remainder
-    return domain, remainder
-
-
 def parse(ref: str) -> ImageRef:
     """Normalise ``ref``; raises InvalidReference for anything else."""
     text = ref.strip()
@@ -102,7 +90,7 @@ def parse(ref: str) -> ImageRef:
     name, at, digest = text.partition("@")
     if at and not _DIGEST.match(digest):
         raise InvalidReference(f"{ref!r}: bad digest {digest!r}")
-    domain, remainder = _split_domain(name)
+    domain, remainder = imageref.split_domain(name)
     path, tag = remainder, None
     colon = remainder.rfind(":")
     if colon > remainder.rfind("/"):
