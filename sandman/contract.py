@@ -176,16 +176,23 @@ def parse_manifests(value: object, *, field: str = ANN_MANIFESTS) -> tuple[str, 
     return tuple(paths)
 
 
-def parse_duration(value: str, *, field: str = "duration") -> dt.timedelta:
-    """Go-style durations: "90m", "1h30m", "45s", "2d", "1.5h". Positive, at most 3650d."""
-    text = _text(value, field).strip(" ")
+def duration_seconds(text: str) -> float | None:
+    """The seconds of a Go-style duration ("1h30m", "500ms"), or None when
+    ``text`` is not one: the grammar alone, no range (the CLI's flags share it)."""
     pos, total = 0, 0.0
     for m in _DURATION.finditer(text):
         if m.start() != pos:
             break
         total += float(m.group(1)) * _UNIT_S[m.group(2)]
         pos = m.end()
-    if not text or pos != len(text):
+    return total if text and pos == len(text) else None
+
+
+def parse_duration(value: str, *, field: str = "duration") -> dt.timedelta:
+    """Go-style durations: "90m", "1h30m", "45s", "2d", "1.5h". Positive, at most 3650d."""
+    text = _text(value, field).strip(" ")
+    total = duration_seconds(text)
+    if total is None:
         raise ContractError(
             f"{field}: {value!r} is not a duration; use forms like 90m, 1h30m, 45s, 2d"
         )

@@ -32,15 +32,12 @@ from __future__ import annotations
 import argparse
 import re
 
-from sandman.contract import MAX_DURATION
+from sandman.contract import MAX_DURATION, duration_seconds
 
 FORMS = "e.g. 90, 90s, 5m, 1h30m, 500ms, 2d"
-# The Go-style forms the webhook and the reaper read (contract.parse_duration),
-# and plain seconds.
+# Plain seconds, besides the Go-style forms the webhook and the reaper read
+# (contract.duration_seconds).
 _PLAIN = re.compile(r"[0-9]+(?:\.[0-9]+)?", re.ASCII)
-_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d)", re.ASCII)
-_UNITS = re.compile(r"(?:[0-9]+(?:\.[0-9]+)?(?:ms|s|m|h|d))+", re.ASCII)
-_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 def parse_seconds(text: str, *, zero_ok: bool = False, what: str = "duration") -> float:
@@ -50,8 +47,8 @@ def parse_seconds(text: str, *, zero_ok: bool = False, what: str = "duration") -
         raise ValueError(f"{what}: empty; use {FORMS}")
     if _PLAIN.fullmatch(value):
         seconds = float(value)
-    elif _UNITS.fullmatch(value):
-        seconds = sum(float(n) * _UNIT_S[u] for n, u in _PART.findall(value))
+    elif (go := duration_seconds(value)) is not None:
+        seconds = go
     else:
         raise ValueError(f"{what}: {text!r} is not a duration; use {FORMS}")
     if seconds == 0 and not zero_ok:
